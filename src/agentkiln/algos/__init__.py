@@ -1,0 +1,1 @@
+"""Pure torch functions: advantage estimators and policy losses."""

@@ -1,0 +1,71 @@
+"""Agents map environment states to actions: the LM policy (constrained decoding) and the random
+admissible-action baseline. Both return `Generation`s so the rollout engine treats them alike."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from agentkiln.policy.model import Policy
+from agentkiln.policy.prompt import build_prompt
+from agentkiln.rollout.constrained import ActionTrie, Generation, generate_actions
+
+
+@dataclass
+class AgentState:
+    goal: str
+    past_actions: list[str]
+    observation: str
+    admissible: list[str]
+
+
+class PolicyAgent:
+    def __init__(
+        self,
+        policy: Policy,
+        temperature: float = 1.0,
+        greedy: bool = False,
+        seed: int = 0,
+        batch_size: int = 64,
+    ):
+        self.policy, self.temperature, self.greedy, self.batch_size = policy, temperature, greedy, batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self._action_ids: dict[str, list[int]] = {}
+
+    def _trie(self, admissible: list[str]) -> ActionTrie:
+        for a in admissible:
+            if a not in self._action_ids:
+                self._action_ids[a] = self.policy.encode_action(a)
+        return ActionTrie({a: self._action_ids[a] for a in admissible})
+
+    def act(self, states: list[AgentState]) -> list[Generation]:
+        if any(not s.admissible for s in states):
+            raise ValueError("constrained decoding needs a non-empty admissible action list per state")
+        prompts = [
+            self.policy.encode_prompt(build_prompt(self.policy.fmt, s.goal, s.past_actions, s.observation, s.admissible))
+            for s in states
+        ]
+        tries = [self._trie(s.admissible) for s in states]
+        out: list[Generation] = []
+        for i in range(0, len(states), self.batch_size):
+            out += generate_actions(
+                self.policy,
+                prompts[i : i + self.batch_size],
+                tries[i : i + self.batch_size],
+                temperature=self.temperature,
+                greedy=self.greedy,
+                generator=self.generator,
+            )
+        return out
+
+
+class RandomAgent:
+    """Uniform over the admissible actions: the floor every trained policy must clear."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+
+    def act(self, states: list[AgentState]) -> list[Generation]:
+        return [Generation(ids=[], allowed=[], logprobs=[], action=self.rng.choice(s.admissible)) for s in states]

@@ -1,0 +1,1 @@
+"""Training loops: SFT (expert or teacher trajectories), RL (GRPO + PPO-clip), distillation."""

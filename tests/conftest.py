@@ -1,0 +1,24 @@
+"""Test-wide settings: offline, no telemetry, Prefect and MLflow state in a temporary directory.
+
+Set before any library import (pytest imports conftest first)."""
+
+import os
+import tempfile
+from pathlib import Path
+
+_TMP = Path(tempfile.mkdtemp(prefix="agentkiln-tests-"))
+os.environ.update(
+    {
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "GX_ANALYTICS_ENABLED": "false",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PREFECT_HOME": str(_TMP / "prefect"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{_TMP / 'mlflow.db'}",
+        "TQDM_DISABLE": "1",
+    }
+)
+os.environ.pop("AGENTKILN_PARENT_RUN_ID", None)

@@ -1,0 +1,65 @@
+"""params.yaml is validated at load: bad params stop with a message naming the field."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentkiln.config import ParamsError, load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, mutate):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    mutate(raw)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_repository_params_are_valid():
+    p = load_params(ROOT / "params.yaml")
+    assert p.synthesize.splits["test"].n_games >= 100  # the frozen panel is at least 100 games
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda r: r["rl"].update(learning_rate=1e-4), "rl.learning_rate: unknown key"),
+        (lambda r: r["sft"].update(epochs="many"), "sft.epochs = 'many'"),
+        (lambda r: r["rl"].update(group_size=1), "rl.group_size = 1"),
+        (lambda r: r["synthesize"]["splits"]["rl"].update(seed=1), "seeds must differ"),
+        (lambda r: r["synthesize"]["splits"]["test"]["mix"].update(mystery=0.5), "splits.test.mix.mystery: unknown game type"),
+        (lambda r: r["sft"]["model"].update(hidden_size=130), "divisible by num_heads"),
+        (lambda r: r.update(extra_section={}), "extra_section: unknown key"),
+        (lambda r: r["evaluate"].update(policies=["random", "oracle"]), "evaluate.policies.1 = 'oracle'"),
+    ],
+)
+def test_bad_params_name_the_field(tmp_path, mutate, expected):
+    path = write(tmp_path, mutate)
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    assert str(path) in str(e.value)
+    assert expected in str(e.value)
+
+
+def test_unparsable_and_missing_files(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("seed: [1, 2\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(bad)
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_cli_refuses_bad_params_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    write(tmp_path, lambda r: r["rl"].update(lr=-1))
+    (tmp_path / "flows").symlink_to(ROOT / "flows")
+    out = subprocess.run([sys.executable, "-m", "flows.rl"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "rl.lr = -1" in out.stderr
+    assert not (tmp_path / "models").exists()
