@@ -58,7 +58,8 @@ def test_cli_refuses_bad_params_before_any_work(tmp_path):
     import sys
 
     write(tmp_path, lambda r: r["rl"].update(lr=-1))
-    (tmp_path / "flows").symlink_to(ROOT / "flows")
+    for pkg in ("flows", "tasks"):
+        (tmp_path / pkg).symlink_to(ROOT / pkg)
     out = subprocess.run([sys.executable, "-m", "flows.rl"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "rl.lr = -1" in out.stderr

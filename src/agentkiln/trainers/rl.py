@@ -70,7 +70,7 @@ def rl_step(
             opt.step()
             for k, v in (("loss", loss), ("pg_loss", pg), ("kl", kl), ("entropy", entropy.mean()),
                          ("clip_frac", info["clip_frac"]), ("grad_norm", grad_norm)):
-                stats[k].append(float(v))
+                stats[k].append(float(v.detach()) if torch.is_tensor(v) else float(v))
     policy.model.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
 

@@ -82,10 +82,10 @@ def train_supervised(
             sched.step()
             step += 1
             n = logp.numel()
-            tot_loss += float(loss) * n
+            tot_loss += loss.item() * n
             tot_tok += n
             correct += int((logp > math.log(0.5)).sum())  # the argmax for sure when p > 0.5
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}")
         row = {"epoch": epoch + 1, "loss": tot_loss / tot_tok, "token_acc": correct / tot_tok, "lr": sched.get_last_lr()[0]}
         history.append(row)
         if log:

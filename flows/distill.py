@@ -1,0 +1,21 @@
+"""Stage `distill`: a smaller student trained on the RL teacher's successful episodes."""
+
+from prefect import flow
+
+from agentkiln import paths, tracking
+from agentkiln.config import Params
+from flows._stage import run_flow, stage_context, write_json
+from tasks.stages import distill_task
+
+
+@flow(name="distill", log_prints=True)
+def distill_flow(params: Params) -> dict:
+    with stage_context("distill", params, params.distill.model_dump()):
+        metrics = distill_task(params, paths.TASKS, paths.RL_MODEL, paths.DISTILLED_MODEL, log=tracking.log_metrics)
+        tracking.log_metrics(metrics)
+        write_json(paths.REPORTS / "distill_metrics.json", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    run_flow(distill_flow)

@@ -1,0 +1,21 @@
+"""Stage `sft`: the cold-start policy, trained on expert walkthroughs (action tokens only)."""
+
+from prefect import flow
+
+from agentkiln import paths, tracking
+from agentkiln.config import Params
+from flows._stage import run_flow, stage_context, write_json
+from tasks.stages import sft_task
+
+
+@flow(name="sft", log_prints=True)
+def sft_flow(params: Params) -> dict:
+    with stage_context("sft", params, params.sft.model_dump()):
+        metrics = sft_task(params, paths.TASKS, paths.SFT_MODEL, log=tracking.log_metrics)
+        tracking.log_metrics(metrics)
+        write_json(paths.REPORTS / "sft_metrics.json", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    run_flow(sft_flow)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11) and install agentkiln with its pinned dependencies. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+# torch first: the exact CPU build pinned in pyproject.toml (a local wheel is used when pip finds one).
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e ".[dev]"
+echo "agentkiln: environment ready in .venv"

@@ -1,0 +1,1 @@
+"""Evaluation: statistics (Wilson intervals), per-policy summaries and reports."""

@@ -1,0 +1,60 @@
+"""Statistics of an evaluation: success rate with a Wilson score interval, turns, invalid actions.
+
+The Wilson interval (not the normal "Wald" one) because panels are small and success rates are
+often near 0 or 1, where p +- z*sqrt(p(1-p)/n) collapses to a zero-width interval.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion `successes / n`.
+
+        center = (p + z^2 / 2n) / (1 + z^2 / n)
+        half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / 4n^2)
+
+    with z the two-sided normal quantile for `confidence`. n = 0 says nothing: (0, 1).
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return (0.0, 1.0)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = successes / n
+    z2 = z * z
+    denom = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    # At p = 0 (p = 1) the lower (upper) bound is exactly 0 (1); say so instead of 2.8e-17.
+    lo = 0.0 if successes == 0 else max(0.0, center - half)
+    hi = 1.0 if successes == n else min(1.0, center + half)
+    return (lo, hi)
+
+
+def summarize_episodes(
+    won: list[bool], turns: list[int], invalid: list[int], confidence: float = 0.95
+) -> dict:
+    """One policy's metrics on a panel: one entry per task in each list.
+
+    invalid_rate is invalid actions over all turns played (0 when no turn was played)."""
+    if not len(won) == len(turns) == len(invalid):
+        raise ValueError(
+            f"won, turns and invalid must have one entry per task, got {len(won)}, {len(turns)}, {len(invalid)}"
+        )
+    n = len(won)
+    k = sum(bool(w) for w in won)
+    lo, hi = wilson_interval(k, n, confidence)
+    total_turns = sum(turns)
+    return {
+        "success": k / n if n else 0.0,
+        "ci_low": lo,
+        "ci_high": hi,
+        "n_tasks": n,
+        "mean_turns": total_turns / n if n else 0.0,
+        "invalid_rate": sum(invalid) / total_turns if total_turns else 0.0,
+    }

@@ -1,0 +1,2 @@
+"""Model registry: the pure promotion gate (`promotion`), lineage tags (`lineage`) and the MLflow
+side effects (`model_registry`, imported on demand: it pulls in mlflow)."""

@@ -1,0 +1,199 @@
+"""The MLflow model registry side of promotion: log a policy as a pyfunc model, register it as a
+new version tagged with its lineage, move the `challenger` / `champion` / `previous` aliases.
+
+Serving: `mlflow.pyfunc.load_model("models:/<name>@champion").predict(pd.DataFrame({"prompt": [...]}))`
+returns the greedy continuation of each prompt.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+CHALLENGER, CHAMPION, PREVIOUS = "challenger", "champion", "previous"
+DESCRIPTION = (
+    "agentkiln policy: a causal LM that plays TextWorld games, trained by the agentkiln pipeline "
+    "(SFT on expert walkthroughs -> GRPO RL -> distillation). Aliases: champion = serving, "
+    "challenger = latest candidate, previous = the champion before the last promotion. "
+    "Version tags hold lineage (git commit, params hash, DVC data hashes) and evaluation scores."
+)
+MAX_TAG_VALUE = 5000
+
+
+def _requirement(dist: str, fallback: str) -> str:
+    """`dist==<installed version>` (local version suffix such as +cpu dropped), else `fallback`.
+    Read from package metadata: nothing is imported, nothing is inferred by running the model."""
+    try:
+        version = re.sub(r"\+.*$", "", metadata.version(dist))
+    except metadata.PackageNotFoundError:
+        return fallback
+    return f"{dist}=={version}"
+
+
+def pip_requirements() -> list[str]:
+    return [
+        _requirement("mlflow", "mlflow"),
+        _requirement("torch", "torch"),
+        _requirement("transformers", "transformers>=5,<6"),
+        _requirement("tokenizers", "tokenizers"),
+        "pandas",
+    ]
+
+
+class PolicyModel(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper of a policy directory saved with `save_pretrained` (model + tokenizer).
+
+    predict: a DataFrame with a `prompt` column (or a list of strings) -> list of greedy
+    continuations (up to `max_new_tokens` new tokens each, special tokens removed)."""
+
+    def __init__(self, max_new_tokens: int = 8):
+        self.max_new_tokens = max_new_tokens
+        self.policy_dir: str | None = None
+        self._model = None
+        self._tokenizer = None
+
+    def load_context(self, context):
+        self.policy_dir = context.artifacts["policy"]
+        self._model = self._tokenizer = None  # loaded on the first predict
+
+    def _load(self):
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
+            self._model = AutoModelForCausalLM.from_pretrained(self.policy_dir, dtype=torch.float32).eval()
+        return self._model, self._tokenizer
+
+    @staticmethod
+    def _prompts(model_input) -> list[str]:
+        if isinstance(model_input, str):
+            return [model_input]
+        if hasattr(model_input, "columns"):  # pandas DataFrame
+            if "prompt" not in model_input.columns:
+                raise ValueError(f"model input needs a 'prompt' column, got {list(model_input.columns)}")
+            return [str(p) for p in model_input["prompt"].tolist()]
+        if isinstance(model_input, dict):
+            return [str(p) for p in model_input["prompt"]]
+        return [str(p) for p in model_input]
+
+    # The pd.DataFrame hint tells MLflow "no schema inferred from hints" (it warns without one).
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> list[str]:
+        import torch
+
+        model, tok = self._load()
+        max_new = int((params or {}).get("max_new_tokens", self.max_new_tokens))
+        eos = tok.eos_token_id
+        pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+        out = []
+        with torch.no_grad():
+            for prompt in self._prompts(model_input):  # one at a time: no padding subtleties
+                ids = tok(prompt, return_tensors="pt")["input_ids"]
+                if ids.shape[1] == 0:  # generate needs at least one token
+                    start = tok.bos_token_id if tok.bos_token_id is not None else (eos if eos is not None else 0)
+                    ids = torch.tensor([[start]])
+                gen = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new,
+                    do_sample=False,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
+                )
+                out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True).strip())
+        return out
+
+
+def signature() -> ModelSignature:
+    """Input: a `prompt` string column; output: one string per row; param max_new_tokens."""
+    return ModelSignature(
+        inputs=Schema([ColSpec("string", "prompt")]),
+        outputs=Schema([ColSpec("string")]),
+        params=ParamSchema([ParamSpec("max_new_tokens", "long", 8)]),
+    )
+
+
+def _client() -> MlflowClient:
+    return MlflowClient()
+
+
+def register_candidate(model_dir: Path, name: str, tags: dict[str, str], metrics: dict[str, float]) -> str:
+    """Log `model_dir` as a pyfunc model in the active run (one is started if none is), register it
+    as a new version of `name`, tag it (lineage + `metric.<k>`), alias it `challenger`.
+    Returns the version number as a string."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: no such model directory (run the pipeline first)")
+    started = mlflow.active_run() is None
+    if started:
+        mlflow.start_run(run_name="register", log_system_metrics=False)
+    try:
+        with warnings.catch_warnings():
+            # An input example would make MLflow run the model at logging time: deliberately none.
+            warnings.filterwarnings("ignore", message=".*input example was not provided.*")
+            info = mlflow.pyfunc.log_model(
+                name="policy",
+                python_model=PolicyModel(),
+                artifacts={"policy": str(model_dir)},
+                pip_requirements=pip_requirements(),
+                signature=signature(),
+            )
+        for k, v in metrics.items():
+            mlflow.log_metric(f"candidate/{k}", float(v))
+    finally:
+        if started:
+            mlflow.end_run()
+    client = _client()
+    try:
+        client.get_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            raise
+        try:
+            client.create_registered_model(name, description=DESCRIPTION)
+        except MlflowException:
+            pass  # created concurrently; register_model below works either way
+    all_tags = {str(k): str(v)[:MAX_TAG_VALUE] for k, v in tags.items()}
+    all_tags.update({f"metric.{k}": f"{float(v):.6g}" for k, v in metrics.items()})
+    mv = mlflow.register_model(info.model_uri, name, tags=all_tags)
+    client.set_registered_model_alias(name, CHALLENGER, mv.version)
+    return str(mv.version)
+
+
+def champion(name: str) -> tuple[str, dict[str, str]] | None:
+    """(version, tags) of the version aliased `champion`, or None when the model or alias is absent."""
+    client = _client()
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return None
+        raise
+    if CHAMPION not in (model.aliases or {}):
+        return None
+    mv = client.get_model_version_by_alias(name, CHAMPION)
+    return str(mv.version), dict(mv.tags)
+
+
+def promote(name: str, version: str) -> None:
+    """Alias `version` as champion; the old champion (if any, and different) becomes `previous`."""
+    client = _client()
+    current = champion(name)
+    if current is not None and current[0] != str(version):
+        client.set_registered_model_alias(name, PREVIOUS, current[0])
+    client.set_registered_model_alias(name, CHAMPION, str(version))
+
+
+def aliases(name: str) -> dict[str, str]:
+    """{alias: version} of a registered model."""
+    return {a: str(v) for a, v in (_client().get_registered_model(name).aliases or {}).items()}

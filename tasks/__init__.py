@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over the library's stage functions (retries, logs, artifacts live here)."""

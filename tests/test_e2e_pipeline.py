@@ -1,0 +1,126 @@
+"""The real DAG end to end: a temporary git repo, tiny params, `python -m flows.pipeline`
+(dvc repro + promotion), then DVC caching, determinism and the MLflow store are checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+TINY = {
+    "synthesize": {
+        "workers": 2,
+        "splits": {
+            "sft": {"n_games": 6, "seed": 11, "mix": {"coin_easy": 1.0}},
+            "rl": {"n_games": 4, "seed": 12, "mix": {"coin_easy": 1.0}},
+            "test": {"n_games": 4, "seed": 13, "mix": {"coin_easy": 1.0}},
+        },
+    },
+    "sft": {"epochs": 2, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+    "rl": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "max_turns": 6},
+    "distill": {"epochs": 1, "samples_per_task": 1, "max_turns": 6,
+                "student": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}},
+    "evaluate": {"max_turns": 6},
+}
+
+
+def merge(base: dict, over: dict) -> dict:
+    for k, v in over.items():
+        base[k] = merge(base.get(k, {}), v) if isinstance(v, dict) and k != "mix" else v
+    return base
+
+
+def sh(args, cwd, env):
+    out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"{args} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    dst = tmp_path_factory.mktemp("e2e") / "agentkiln"
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dst / f)
+    params = merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{dst / 'mlflow.db'}"
+    env.pop("AGENTKILN_PARENT_RUN_ID", None)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    sh(["git", "init", "-q"], dst, env)
+    sh([*git, "add", "-A"], dst, env)
+    sh([*git, "commit", "-qm", "snapshot"], dst, env)
+    log = sh([sys.executable, "-m", "flows.pipeline"], dst, env)
+    return dst, env, log
+
+
+def test_pipeline_writes_metrics_for_every_policy(repo):
+    dst, _, _ = repo
+    metrics = json.loads((dst / "reports/metrics.json").read_text())
+    assert set(metrics) == {"random", "sft", "rl", "distilled"}
+    for m in metrics.values():
+        assert 0 <= m["ci_low"] <= m["success"] <= m["ci_high"] <= 1
+        assert m["n_tasks"] == 4
+    assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
+    for f in ("eval.md", "success.png", "success.csv", "rl_curve.csv", "promotion.json"):
+        assert (dst / "reports" / f).is_file(), f
+    manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test")]
+    ids = [t["task_id"] for m in manifests for t in m["tasks"]]
+    assert len(ids) == len(set(ids)) == 14
+
+
+def test_mlflow_holds_pipeline_run_children_and_champion(repo):
+    dst, env, _ = repo
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=["agentkiln"], output_format="list")
+    parents = [r for r in runs if r.info.run_name == "pipeline"]
+    assert len(parents) == 1
+    children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    assert {"synthesize", "sft", "rl", "distill", "evaluate", "promote"} <= children
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"], env["MLFLOW_TRACKING_URI"])
+    champion = client.get_model_version_by_alias("agentkiln-policy", "champion")
+    assert champion.tags["lineage.params_hash"]
+    assert any(k.startswith("lineage.data.") for k in champion.tags)
+
+
+def test_second_repro_runs_nothing_and_evaluate_param_reruns_only_evaluate(repo):
+    dst, env, _ = repo
+    out = sh([sys.executable, "-m", "dvc", "repro"], dst, env)
+    assert "Running stage" not in out
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["evaluate"]["seed"] = 1
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh([sys.executable, "-m", "dvc", "repro"], dst, env)
+    assert "Running stage 'evaluate'" in out
+    for stage in ("synthesize", "sft", "rl", "distill"):
+        assert f"Running stage '{stage}'" not in out
+
+
+def test_rerun_from_scratch_gives_identical_metrics(repo):
+    dst, env, _ = repo
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["evaluate"]["seed"] = 0
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    first = (dst / "reports/metrics.json").read_bytes()
+    sh([sys.executable, "-m", "dvc", "repro"], dst, env)  # back to the original params
+    assert (dst / "reports/metrics.json").read_bytes() == first
+    sh([sys.executable, "-m", "dvc", "repro", "--force"], dst, env)  # every stage from scratch
+    assert (dst / "reports/metrics.json").read_bytes() == first

@@ -1,0 +1,91 @@
+"""Evaluation reports: every file written, JSON round-trips, identical input -> identical bytes."""
+
+import csv
+import json
+
+import pytest
+
+from agentkiln.evaluation.report import summary_line, write_reports
+
+
+def _metrics():
+    return {
+        "random": {"success": 0.2, "ci_low": 0.1333333333, "ci_high": 0.2888888888, "n_tasks": 100,
+                   "mean_turns": 12.345678, "invalid_rate": 0.0, "n_params": None},
+        "sft": {"success": 0.55, "ci_low": 0.452, "ci_high": 0.644, "n_tasks": 100,
+                "mean_turns": 8.1, "invalid_rate": 0.01234567, "n_params": 812345},
+        "rl": {"success": 0.7, "ci_low": 0.604, "ci_high": 0.781, "n_tasks": 100, "mean_turns": 6.0,
+               "invalid_rate": 0.0, "n_params": 812345, "rl_pool_success_before": 0.41},
+        "distilled": {"success": 0.66, "ci_low": 0.563, "ci_high": 0.745, "n_tasks": 100,
+                      "mean_turns": 6.5, "invalid_rate": 0.002, "n_params": 201234},
+    }
+
+
+def test_writes_every_file(tmp_path):
+    write_reports(_metrics(), tmp_path / "reports")
+    for f in ("metrics.json", "eval.md", "success.png", "success.csv"):
+        assert (tmp_path / "reports" / f).stat().st_size > 0, f
+    assert (tmp_path / "reports/success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_round_trips_rounded(tmp_path):
+    m = _metrics()
+    write_reports(m, tmp_path)
+    back = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(back) == set(m)
+    assert back["random"]["ci_low"] == 0.1333
+    assert back["random"]["mean_turns"] == 12.3457
+    assert back["random"]["n_params"] is None
+    assert back["sft"]["n_params"] == 812345 and isinstance(back["sft"]["n_params"], int)
+    assert back["rl"]["rl_pool_success_before"] == 0.41  # extra keys survive
+    text = (tmp_path / "metrics.json").read_text()
+    assert text.index('"distilled"') < text.index('"random"') < text.index('"rl"')  # sorted keys
+
+
+def test_markdown_names_every_policy_and_the_gains(tmp_path):
+    write_reports(_metrics(), tmp_path)
+    md = (tmp_path / "eval.md").read_text()
+    for p in ("random", "sft", "rl", "distilled"):
+        assert f"| {p} |" in md
+    assert "| policy | success | 95% CI | n | mean turns | invalid rate | parameters |" in md
+    assert "Best policy: **rl**" in md
+    assert "sft vs random: +35.0 points" in md  # 55 % - 20 %
+    assert "rl vs sft: +15.0 points" in md  # 70 % - 55 %
+    assert "[45.2%, 64.4%]" in md
+
+
+def test_csv_for_dvc_plots(tmp_path):
+    write_reports(_metrics(), tmp_path)
+    rows = list(csv.DictReader((tmp_path / "success.csv").open()))
+    assert [r["policy"] for r in rows] == ["random", "sft", "rl", "distilled"]
+    assert set(rows[0]) == {"policy", "success", "ci_low", "ci_high"}
+    assert float(rows[1]["success"]) == 0.55
+
+
+def test_identical_input_identical_bytes(tmp_path):
+    write_reports(_metrics(), tmp_path / "a")
+    write_reports(_metrics(), tmp_path / "b")
+    for f in ("metrics.json", "eval.md", "success.csv", "success.png"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_missing_policies_and_summary_edge_cases(tmp_path):
+    m = {k: v for k, v in _metrics().items() if k in ("random", "distilled")}
+    write_reports(m, tmp_path)
+    md = (tmp_path / "eval.md").read_text()
+    assert "| sft |" not in md and "| distilled |" in md
+    assert "points" not in md  # no pair to compare
+    assert summary_line({}) == "No policy was evaluated."
+    tie = {"sft": {"success": 0.5}, "rl": {"success": 0.5}}
+    assert summary_line(tie).startswith("Best policy: **sft**")  # tie -> earlier in pipeline order
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_values_become_null(tmp_path, bad):
+    m = _metrics()
+    m["random"]["mean_turns"] = bad
+    write_reports(m, tmp_path)
+    text = (tmp_path / "metrics.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["random"]["mean_turns"] is None
+    assert "| random | 20.0% |" in (tmp_path / "eval.md").read_text()

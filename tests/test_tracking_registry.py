@@ -1,0 +1,284 @@
+"""MLflow tracking and registry against a real SQLite store in a temporary directory:
+parent/child runs across processes, candidate registration, aliases, lineage tags, serving."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import mlflow
+from agentkiln import tracking
+from agentkiln.registry import lineage
+from agentkiln.registry import model_registry as mr
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+# --------------------------------------------------------------------------- helpers
+def _tiny_policy(out: Path, seed: int) -> Path:
+    """A 1-layer random Llama + word-level tokenizer, saved like a real policy (no hub)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[BOS]", "[EOS]", "go", "north", "south", "take", "coin", ">"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+    config = LlamaConfig(
+        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, intermediate_size=32, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=2, eos_token_id=3,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+_MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", tracking.PARENT_ENV)
+
+
+@contextmanager
+def _isolated_mlflow_env():
+    """mlflow.set_tracking_uri / set_registry_uri export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI
+    themselves (for subprocesses), which monkeypatch.delenv of an unset variable does not undo:
+    restore them exactly, then point MLflow's globals back at the restored environment."""
+    saved = {k: os.environ.get(k) for k in _MLFLOW_ENV}
+    try:
+        yield
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tracking._setup_state = None
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])
+        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite store for the module (creating its tables takes a few seconds)."""
+    tmp = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    with _isolated_mlflow_env(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        os.environ.pop("MLFLOW_REGISTRY_URI", None)
+        os.environ.pop(tracking.PARENT_ENV, None)
+        mp.chdir(tmp)  # a user-set tracking URI keeps artifacts in ./mlruns: here, in tmp
+        tracking._setup_state = None
+        exp_id = tracking.setup()
+        yield {"tmp": tmp, "uri": uri, "experiment_id": exp_id}
+
+
+# --------------------------------------------------------------------------- pure helpers
+def test_flatten_params():
+    flat = tracking.flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": "x" * 7000, "f": {}, "g": None})
+    assert flat["a.b"] == "1"
+    assert flat["a.c.d"] == "[1, 2]"
+    assert len(flat["e"]) == 6000
+    assert flat["f"] == "{}" and flat["g"] == "None"
+
+
+def test_repo_root_and_default_uri_are_absolute(tmp_path, monkeypatch):
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.repo_root() == tmp_path.resolve()
+    assert tracking.tracking_uri() == "sqlite:///" + str(tmp_path.resolve() / "mlflow.db")
+    assert tracking.artifact_location() == (tmp_path.resolve() / "mlartifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    assert tracking.tracking_uri() == "sqlite:///elsewhere.db"
+    assert tracking.artifact_location() is None
+
+
+def test_log_metrics_without_a_run_is_a_no_op():
+    assert mlflow.active_run() is None
+    tracking.log_metrics({"x": 1.0})  # must not start a run behind our back
+    assert mlflow.active_run() is None
+
+
+# --------------------------------------------------------------------------- lineage
+def test_lineage_outside_git(tmp_path):
+    assert lineage.git_commit(tmp_path) == "unknown"
+    assert lineage.params_hash(tmp_path / "params.yaml") == "missing"
+    assert lineage.dvc_lock_hashes(tmp_path) == {}
+
+
+def test_lineage_in_a_git_repo(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\n"
+        "stages:\n"
+        "  synthesize:\n"
+        "    cmd: python -m flows.synthesize\n"
+        "    deps:\n"
+        "    - path: src\n      hash: md5\n      md5: 0000.dir\n"
+        "    outs:\n"
+        "    - path: data/tasks\n      hash: md5\n      md5: aaaa.dir\n      size: 10\n      nfiles: 2\n"
+        "  sft:\n"
+        "    cmd: python -m flows.sft\n"
+        "    outs:\n"
+        "    - path: models/sft\n      hash: md5\n      md5: bbbb.dir\n"
+        "    - path: reports/sft.json\n      hash: md5\n      md5: cccc\n"
+    )
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=tmp_path, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert lineage.git_commit(tmp_path) == sha
+    (tmp_path / "untracked.txt").write_text("u")  # untracked files do not make it dirty
+    assert lineage.git_commit(tmp_path) == sha
+    (tmp_path / "params.yaml").write_text("seed: 1\n")
+    assert lineage.git_commit(tmp_path) == sha + "-dirty"
+
+    import hashlib
+
+    assert lineage.params_hash(tmp_path / "params.yaml") == hashlib.sha256(b"seed: 1\n").hexdigest()[:16]
+    assert lineage.dvc_lock_hashes(tmp_path) == {
+        "data/tasks": "aaaa.dir", "models/sft": "bbbb.dir", "reports/sft.json": "cccc"
+    }
+    tags = lineage.lineage_tags(tmp_path, {"candidate": "rl", "eval.success": 0.5})
+    assert tags["lineage.git_commit"] == sha + "-dirty"
+    assert tags["lineage.data.models/sft"] == "bbbb.dir"
+    assert tags["candidate"] == "rl" and tags["eval.success"] == "0.5"
+    assert all(isinstance(v, str) for v in tags.values())
+
+
+# --------------------------------------------------------------------------- tracking
+def test_default_store_is_the_repo_sqlite_with_mlartifacts(tmp_path):
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    with _isolated_mlflow_env(), pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        mp.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        os.environ.pop("MLFLOW_REGISTRY_URI", None)
+        tracking._setup_state = None
+        exp_id = tracking.setup("agentkiln")
+        # MLflow exported the URI for subprocesses; it is still "ours", not a user choice.
+        assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///" + str(tmp_path.resolve() / "mlflow.db")
+        exp = mlflow.MlflowClient().get_experiment(exp_id)
+        assert exp.artifact_location == (tmp_path.resolve() / "mlartifacts").as_uri()
+        assert tracking.artifact_location() == exp.artifact_location
+        assert (tmp_path / "mlflow.db").is_file()
+        assert tracking.setup("agentkiln") == exp_id  # get, not create
+
+
+def test_pipeline_run_children_in_process_and_in_a_subprocess(store):
+    assert tracking.PARENT_ENV not in os.environ
+    with tracking.pipeline_run(tags={"seed": "0"}) as parent:
+        parent_id = parent.info.run_id
+        assert os.environ[tracking.PARENT_ENV] == parent_id
+        with tracking.stage_run("sft", params={"lr": 0.1, "model": {"hidden_size": 16}}, tags={"seed": "0"}):
+            tracking.log_metrics({"loss": 1.5, "name": "not a number", "n": 3, "none": None}, step=1)
+        # A stage process as DVC starts it: no active run there, only the environment variable.
+        code = (
+            "from agentkiln import tracking\n"
+            "import mlflow\n"
+            "with tracking.stage_run('evaluate', params={'max_turns': 5}):\n"
+            "    assert mlflow.active_run() is not None\n"
+            "    tracking.log_metrics({'success': 0.25})\n"
+        )
+        env = dict(os.environ, PYTHONPATH=str(SRC))
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=store["tmp"], timeout=120)
+    assert tracking.PARENT_ENV not in os.environ  # restored after the block
+
+    runs = mlflow.search_runs(experiment_ids=[store["experiment_id"]], output_format="list")
+    by_name = {r.info.run_name: r for r in runs}
+    assert by_name["pipeline"].info.run_id == parent_id
+    assert by_name["pipeline"].data.tags[tracking.STAGE_TAG] == "pipeline"
+    for name in ("sft", "evaluate"):
+        r = by_name[name]
+        assert r.data.tags["mlflow.parentRunId"] == parent_id, name
+        assert r.data.tags[tracking.STAGE_TAG] == name
+        assert r.info.status == "FINISHED"
+    sft = by_name["sft"].data
+    assert sft.params == {"lr": "0.1", "model.hidden_size": "16"}
+    assert sft.metrics == {"loss": 1.5, "n": 3.0}
+    assert sft.tags["seed"] == "0"
+    assert by_name["evaluate"].data.metrics == {"success": 0.25}
+    assert by_name["evaluate"].data.params == {"max_turns": "5"}
+
+
+def test_parent_env_restored_to_previous_value(store, monkeypatch):
+    monkeypatch.setenv(tracking.PARENT_ENV, "outer")
+    with tracking.pipeline_run() as run:  # no active run: a top-level run despite the variable
+        assert os.environ[tracking.PARENT_ENV] == run.info.run_id
+        assert "mlflow.parentRunId" not in mlflow.get_run(run.info.run_id).data.tags
+    assert os.environ[tracking.PARENT_ENV] == "outer"
+
+
+def test_stale_parent_id_warns_and_runs_top_level(store, monkeypatch):
+    monkeypatch.setenv(tracking.PARENT_ENV, "0" * 32)
+    with pytest.warns(UserWarning, match="top-level"):
+        with tracking.stage_run("orphan") as run:
+            pass
+    assert "mlflow.parentRunId" not in mlflow.get_run(run.info.run_id).data.tags
+
+
+def test_failing_stage_marks_the_run_failed(store):
+    with pytest.raises(RuntimeError):
+        with tracking.stage_run("broken") as run:
+            raise RuntimeError("boom")
+    assert mlflow.get_run(run.info.run_id).info.status == "FAILED"
+    assert mlflow.active_run() is None
+
+
+# --------------------------------------------------------------------------- registry
+def test_register_promote_and_serve(store):
+    import pandas as pd
+
+    name = "agentkiln-policy-test"
+    tmp = store["tmp"]
+    m1, m2 = _tiny_policy(tmp / "m1", 0), _tiny_policy(tmp / "m2", 1)
+    assert mr.champion(name) is None  # no such model yet
+
+    with tracking.pipeline_run():
+        with tracking.stage_run("promote") as run:
+            tags = {"candidate": "sft", "eval.success": "0.5000", "lineage.params_hash": "abc"}
+            v1 = mr.register_candidate(m1, name, tags, {"success": 0.5})
+            assert mr.champion(name) is None  # registered, but the alias is not set yet
+            mr.promote(name, v1)
+            v2 = mr.register_candidate(m2, name, {**tags, "candidate": "rl", "eval.success": "0.7500"}, {"success": 0.75})
+            assert mr.aliases(name) == {"champion": v1, "challenger": v2}
+            mr.promote(name, v2)
+            mr.promote(name, v2)  # idempotent: does not make v2 its own `previous`
+
+    assert (v1, v2) == ("1", "2")
+    assert mr.aliases(name) == {"champion": "2", "challenger": "2", "previous": "1"}
+    version, champ_tags = mr.champion(name)
+    assert version == "2"
+    assert champ_tags["candidate"] == "rl" and champ_tags["eval.success"] == "0.7500"
+    assert champ_tags["lineage.params_hash"] == "abc"
+    assert champ_tags["metric.success"] == "0.75"
+
+    client = mlflow.MlflowClient()
+    assert "agentkiln" in client.get_registered_model(name).description
+    mv = client.get_model_version(name, "1")
+    assert mv.run_id == run.info.run_id and mv.tags["candidate"] == "sft"
+
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    out = model.predict(pd.DataFrame({"prompt": ["go north >", "take coin"]}))
+    assert isinstance(out, list) and len(out) == 2 and all(isinstance(s, str) for s in out)
+    assert model.predict(pd.DataFrame({"prompt": ["go"]}), params={"max_new_tokens": 1}) is not None
+    assert any(r.startswith("mlflow") for r in mr.pip_requirements())
+
+
+def test_register_candidate_refuses_a_missing_dir(store, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        mr.register_candidate(tmp_path / "nope", "x", {}, {})
