@@ -8,58 +8,78 @@ from pathlib import Path
 import pandas as pd
 import pandera.pandas as pa
 from pandera.errors import SchemaError, SchemaErrors
+from pandera.typing.pandas import Series
 
 
-def _action_is_admissible(df: pd.DataFrame) -> pd.Series:
-    return pd.Series([a in json.loads(adm) for a, adm in zip(df["action"], df["admissible"])], index=df.index)
+def _json_list(x) -> list | None:
+    try:
+        v = json.loads(x)
+    except (TypeError, ValueError):
+        return None
+    return v if isinstance(v, list) and all(isinstance(a, str) for a in v) else None
 
 
-def _steps_are_consecutive(df: pd.DataFrame) -> pd.Series:
-    expected = df.groupby("task_id").cumcount()
-    return df["step"] == expected
+class ExpertTrajectorySchema(pa.DataFrameModel):
+    """One row per expert step of every sft and rl game (`expert_trajectories.parquet`).
+    `observation` is what the agent saw before acting; `admissible` is that state's JSON list."""
+
+    task_id: Series[str] = pa.Field(str_length={"min_value": 1})
+    split: Series[str] = pa.Field(isin=["sft", "rl"])  # test walkthroughs are never training data
+    game_type: Series[str]
+    step: Series[int] = pa.Field(ge=0)
+    goal: Series[str]
+    observation: Series[str] = pa.Field(str_length={"min_value": 1})
+    action: Series[str] = pa.Field(str_length={"min_value": 1})
+    admissible: Series[str]
+    reward: Series[float] = pa.Field(isin=[0.0, 1.0])
+    done: Series[bool]
+
+    class Config:
+        strict = True  # an extra column means a producer/consumer mismatch: fail loudly
+        name = "expert_trajectories"
+
+    @pa.check("admissible", error="admissible must be a JSON list of strings")
+    def admissible_is_json_list(cls, s: Series[str]) -> Series[bool]:
+        return s.map(lambda x: _json_list(x) is not None)
+
+    @pa.dataframe_check(error="column action must be one of the actions in column admissible")
+    def action_is_admissible(cls, df: pd.DataFrame) -> Series[bool]:
+        return pd.Series(
+            [a in (_json_list(adm) or []) for a, adm in zip(df["action"], df["admissible"])], index=df.index
+        )
+
+    @pa.dataframe_check(error="column step must run 0, 1, 2, ... within each task_id (rows in order)")
+    def steps_are_consecutive(cls, df: pd.DataFrame) -> Series[bool]:
+        return df["step"] == df.groupby("task_id").cumcount()
 
 
-def _admissible_is_json_list(s: pd.Series) -> pd.Series:
-    def ok(x: str) -> bool:
-        try:
-            v = json.loads(x)
-        except (TypeError, ValueError):
-            return False
-        return isinstance(v, list) and all(isinstance(a, str) for a in v)
-
-    return s.map(ok)
-
-
-ExpertTrajectorySchema = pa.DataFrameSchema(
-    {
-        "task_id": pa.Column(str, nullable=False),
-        "split": pa.Column(str, pa.Check.isin(["sft", "rl"])),
-        "game_type": pa.Column(str),
-        "step": pa.Column(int, pa.Check.ge(0)),
-        "goal": pa.Column(str),
-        "observation": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "action": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "admissible": pa.Column(str, pa.Check(_admissible_is_json_list, error="admissible must be a JSON list of strings")),
-        "reward": pa.Column(float, pa.Check.isin([0.0, 1.0])),
-        "done": pa.Column(bool),
-    },
-    checks=[
-        pa.Check(_action_is_admissible, error="action must be one of the admissible actions"),
-        pa.Check(_steps_are_consecutive, error="steps must run 0, 1, 2, ... within each task (rows in order)"),
-    ],
-    strict=True,
-    ordered=False,
-    name="expert_trajectories",
-)
+def _describe(cases: pd.DataFrame) -> list[str]:
+    """One readable line per failing check, from pandera's failure-case table."""
+    lines = []
+    groups = cases.groupby(["schema_context", "column", "check"], sort=False, dropna=False)
+    for (context, column, check), rows in groups:
+        first = rows.iloc[0]
+        if check in ("column_in_dataframe", "column_in_schema"):
+            what = "missing" if check == "column_in_dataframe" else "unexpected"
+            lines += [f"column {c!r}: {what} ({check})" for c in rows["failure_case"]]
+        elif context == "DataFrameSchema":  # a table-level check reports every column of a bad row
+            line = f"table check failed: {check} (first bad row: {first['index']})"
+            lines += [line] if line not in lines else []
+        else:
+            where = "" if first["index"] is None else f" at row {first['index']}"
+            lines.append(f"column {column!r}: check {check} failed (e.g. {first['failure_case']!r}{where})")
+    return lines
 
 
 def validate_expert_trajectories(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Validate all checks at once; raise ValueError naming `source` and each failing column/check."""
     try:
         return ExpertTrajectorySchema.validate(df, lazy=True)
-    except (SchemaErrors, SchemaError) as e:
-        cases = getattr(e, "failure_cases", None)
-        detail = cases[["column", "check"]].drop_duplicates().head(5).to_string(index=False) if cases is not None else str(e)
-        raise ValueError(f"{source}: expert trajectory table fails its schema:\n{detail}") from None
+    except SchemaErrors as e:
+        detail = "\n".join(f"  - {line}" for line in _describe(e.failure_cases))
+    except SchemaError as e:
+        detail = f"  - {e}"
+    raise ValueError(f"{source}: expert trajectory table fails its schema:\n{detail}")
 
 
 def load_expert_trajectories(path: str | Path) -> pd.DataFrame:
