@@ -63,7 +63,9 @@ def test_layout_manifests_and_summary(runs):
                 spec = GAME_TYPES[task.game_type]
                 assert spec["level_min"] <= task.difficulty["level"] <= spec["level_max"]
         assert summary["splits"][split]["n_tasks"] == n and sum(summary["splits"][split]["by_type"].values()) == n
-    assert json.loads((root / "summary.json").read_text()) == summary
+    # the file holds everything but wall-clock timings (same params, same bytes)
+    timing = ("seconds", "seconds_per_game")
+    assert json.loads((root / "summary.json").read_text()) == {k: v for k, v in summary.items() if k not in timing}
     assert summary["rejected"] >= 0 and set(summary["seconds_per_game"]) <= set(GAME_TYPES)
 
 

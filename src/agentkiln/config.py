@@ -138,7 +138,7 @@ class RLParams(_Strict):
     clip_high: float = Field(0.28, gt=0)
     kl_coef: float = Field(0.01, ge=0)
     ppo_epochs: int = Field(1, ge=1)
-    minibatch_size: int = Field(256, ge=1, description="samples (turns) per optimizer step")
+    minibatch_size: int = Field(64, ge=1, description="samples (turns) per optimizer step")
     max_grad_norm: float = Field(1.0, gt=0)
 
 
