@@ -22,3 +22,9 @@ os.environ.update(
     }
 )
 os.environ.pop("AGENTKILN_PARENT_RUN_ID", None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(_TMP, ignore_errors=True)

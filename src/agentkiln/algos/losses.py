@@ -18,7 +18,7 @@ def ppo_clip(
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
     loss = -torch.minimum(unclipped, clipped).mean()
     clip_frac = ((ratio < 1 - clip_low) & (adv < 0) | (ratio > 1 + clip_high) & (adv > 0)).float().mean()
-    return loss, {"clip_frac": float(clip_frac), "ratio_mean": float(ratio.mean())}
+    return loss, {"clip_frac": float(clip_frac), "ratio_mean": float(ratio.detach().mean())}
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
