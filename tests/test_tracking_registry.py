@@ -144,6 +144,9 @@ def test_lineage_in_a_git_repo(tmp_path):
     assert lineage.git_commit(tmp_path) == sha
     (tmp_path / "untracked.txt").write_text("u")  # untracked files do not make it dirty
     assert lineage.git_commit(tmp_path) == sha
+    with (tmp_path / "dvc.lock").open("a") as f:  # every repro rewrites dvc.lock: not dirty code
+        f.write("# rewritten\n")
+    assert lineage.git_commit(tmp_path) == sha
     (tmp_path / "params.yaml").write_text("seed: 1\n")
     assert lineage.git_commit(tmp_path) == sha + "-dirty"
 

@@ -23,12 +23,15 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def git_commit(root: str | Path) -> str:
-    """HEAD's sha, with "-dirty" when tracked files differ from it; "unknown" outside git."""
+    """HEAD's sha, with "-dirty" when tracked files differ from it; "unknown" outside git.
+
+    dvc.lock is left out: every `dvc repro` rewrites it, and its hashes are recorded separately
+    (lineage.data.*); params.yaml is not, since editing params without committing is dirty."""
     root = Path(root)
     sha = _git(root, "rev-parse", "HEAD")
     if not sha:
         return "unknown"
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)dvc.lock")
     return sha + ("-dirty" if status else "")
 
 
