@@ -51,3 +51,90 @@ def test_k3_is_zero_at_reference_and_positive_elsewhere():
     k = kl_k3(logp, ref)
     # d = ref - logp: 0 -> 0; -1 -> e^-1 + 1 - 1 = 0.367879; -0.4 -> e^-0.4 + 0.4 - 1 = 0.070320
     assert k.tolist() == pytest.approx([0.0, 0.367879, 0.070320], abs=1e-6)
+
+
+# ---------------------------------------------------------------- RLOO, REINFORCE++, GAE, GiGPO
+from agentkiln.algos.advantages import gae, gigpo, reinforce_pp, rloo  # noqa: E402
+
+
+def test_rloo_hand_computed():
+    # group 0 (1, 0, 0, 1): 1 - (0+0+1)/3 = 2/3, 0 - (1+0+1)/3 = -2/3; group 1 (2, 4): -2, +2; singleton: 0
+    adv = rloo(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 5.0]), torch.tensor([0, 0, 0, 0, 1, 1, 2]))
+    assert adv.tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, -2.0, 2.0, 0.0], abs=1e-6)
+
+
+def test_reinforce_pp_discounted_returns_whitened_over_the_batch():
+    # gamma 0.5: row 0 returns (0.25, 0.5, 1); row 1 (1, 2, -) with its last token off the mask.
+    # masked values 0.25 0.5 1 1 2: mean 0.95, unbiased var 1.8/4 = 0.45
+    r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    m = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = reinforce_pp(r, m, gamma=0.5)
+    s = math.sqrt(0.45)
+    want = [[(0.25 - 0.95) / s, (0.5 - 0.95) / s, (1 - 0.95) / s], [(1 - 0.95) / s, (2 - 0.95) / s, 0.0]]
+    assert adv.flatten().tolist() == pytest.approx([x for row in want for x in row], abs=1e-5)
+
+
+def test_reinforce_pp_ignores_rewards_off_the_mask_and_carries_return_across_them():
+    # an observation token (mask 0) between two actions: its reward 5 is ignored, the return
+    # passes over it: returns (0.5, -, 1) -> whitened (-1/sqrt2, 0, 1/sqrt2)
+    adv = reinforce_pp(torch.tensor([[0.0, 5.0, 1.0]]), torch.tensor([[1, 0, 1]]), gamma=0.5)
+    assert adv.flatten().tolist() == pytest.approx([-math.sqrt(0.5), 0.0, math.sqrt(0.5)], abs=1e-5)
+
+
+def test_reinforce_pp_baseline_subtracts_the_group_mean_score():
+    # scores 1, 0 (group 0, mean 0.5) and 3 (group 1) -> 0.5, -0.5, 0 per token; unbiased var 1/5
+    r = torch.tensor([[0.0, 1.0], [0.0, 0.0], [3.0, 0.0]])
+    adv = reinforce_pp(r, torch.ones(3, 2), baseline_group_ids=torch.tensor([0, 0, 1]))
+    a = 0.5 / math.sqrt(0.2)
+    assert adv.flatten().tolist() == pytest.approx([a, a, -a, -a, 0.0, 0.0], abs=1e-5)
+
+
+def test_gae_hand_computed():
+    # gamma 0.9, lam 0.8: delta_2 = 1 - 0.7 = 0.3 (terminal); delta_1 = 0.9*0.7 - 0.6 = 0.03,
+    # A_1 = 0.03 + 0.72*0.3 = 0.246; delta_0 = 0.9*0.6 - 0.5 = 0.04, A_0 = 0.04 + 0.72*0.246
+    adv, ret = gae(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.5, 0.6, 0.7]), torch.tensor([0, 0, 1]), 0.9, 0.8)
+    assert adv.tolist() == pytest.approx([0.21712, 0.246, 0.3], abs=1e-6)
+    assert ret.tolist() == pytest.approx([0.71712, 0.846, 1.0], abs=1e-6)
+
+
+def test_gae_does_not_carry_across_episode_ends():
+    # episodes [r=1] and [0, 2]: the first is done after one step and sees nothing of the second
+    adv, _ = gae(torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0.5, 1.0, 1.0]), torch.tensor([1, 0, 1]), 0.9, 0.8)
+    assert adv.tolist() == pytest.approx([0.5, -0.1 + 0.72 * 1.0, 1.0], abs=1e-6)
+
+
+def _gigpo_case(**kw):
+    # group 0: e0 (won, anchors A B, step rewards 0 1), e1 (lost, anchors A C A: a loop back to A);
+    # group 1: e2 alone, whose anchor A must not pool with group 0's A.
+    return gigpo(
+        episode_rewards=torch.tensor([1.0, 0.0, 1.0]),
+        group_ids=torch.tensor([0, 0, 1]),
+        step_rewards=torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0]),
+        step_episode=torch.tensor([0, 0, 1, 1, 1, 2]),
+        step_anchor=["A", "B", "A", "C", "A", "A"],
+        gamma=0.5,
+        **kw,
+    )
+
+
+def test_gigpo_hand_computed_with_repeated_anchors_and_singleton_pools():
+    # episode level: group 0 rewards (1, 0): +-0.5/std, std = sqrt(0.5); group 1 alone: 0.
+    # step returns (gamma 0.5): e0 (0.5, 1), e1 (0, 0, 0), e2 (1).
+    # pool (0, A) = {0.5, 0, 0}: mean 1/6, unbiased std sqrt(1/12) -> e0t0 +1.1547, e1t0 = e1t2 -0.57735;
+    # pools (0, B), (0, C), (1, A) have one step each -> 0.
+    e = 0.5 / math.sqrt(0.5)
+    s = math.sqrt(1 / 12)
+    want = [e + (0.5 - 1 / 6) / s, e, -e - (1 / 6) / s, -e, -e - (1 / 6) / s, 0.0]
+    assert _gigpo_case().tolist() == pytest.approx(want, abs=1e-4)
+
+
+def test_gigpo_mean_norm_and_step_weight():
+    # no std division: episode +-0.5; step e0t0 0.5 - 1/6, e1t0 = e1t2 -1/6, weighted by 0.5
+    want = [0.5 + 0.5 * (1 / 3), 0.5, -0.5 - 0.5 / 6, -0.5, -0.5 - 0.5 / 6, 0.0]
+    assert _gigpo_case(norm_by_std=False, step_weight=0.5).tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_gigpo_with_zero_step_weight_is_grpo_broadcast():
+    adv = _gigpo_case(step_weight=0.0)
+    ep = grpo(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))
+    assert adv.tolist() == pytest.approx(ep[torch.tensor([0, 0, 1, 1, 1, 2])].tolist())
