@@ -138,3 +138,52 @@ def test_gigpo_with_zero_step_weight_is_grpo_broadcast():
     adv = _gigpo_case(step_weight=0.0)
     ep = grpo(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))
     assert adv.tolist() == pytest.approx(ep[torch.tensor([0, 0, 1, 1, 1, 2])].tolist())
+
+
+# ---------------------------------------------------------------- aggregation, dual clip, GSPO, KL
+from agentkiln.algos.losses import aggregate, entropy_bonus, gspo, kl_penalty  # noqa: E402
+
+
+def test_aggregation_modes_hand_computed():
+    # sequence 0 has one token (loss 1), sequence 1 three (2, 3, 6)
+    loss, seq = torch.tensor([1.0, 2.0, 3.0, 6.0]), torch.tensor([0, 1, 1, 1])
+    assert float(aggregate(loss)) == pytest.approx(3.0)
+    assert float(aggregate(loss, "seq-mean-token-mean", seq)) == pytest.approx((1 + 11 / 3) / 2)
+    assert float(aggregate(loss, "seq-mean-token-sum-norm", seq)) == pytest.approx(12 / (2 * 3))
+    assert float(aggregate(loss, "seq-mean-token-sum-norm", seq, norm_len=4)) == pytest.approx(12 / 8)
+    with pytest.raises(ValueError, match="needs seq_ids"):
+        aggregate(loss, "seq-mean-token-mean")
+    with pytest.raises(ValueError, match="'sum'"):
+        aggregate(loss, "sum", seq)
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    # token 1: ratio e^2 = 7.389, A = -1 -> PPO loss 7.389, dual clip c = 3 caps it at 3;
+    # token 2: ratio 1, A = +0.5 -> -0.5 either way
+    logp, old, adv = torch.tensor([0.0, -1.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.0, 0.5])
+    plain, _ = ppo_clip(logp, old, adv, 0.2, 0.28)
+    dual, _ = ppo_clip(logp, old, adv, 0.2, 0.28, dual_clip=3.0)
+    assert float(plain) == pytest.approx((math.exp(2) - 0.5) / 2, abs=1e-5)
+    assert float(dual) == pytest.approx((3.0 - 0.5) / 2, abs=1e-6)
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_clip(logp, old, adv, dual_clip=0.5)
+
+
+def test_gspo_sequence_ratio_hand_computed():
+    # seq 0: log-ratios (0.2, 0.0) -> s = e^0.1 = 1.105 > 1.05, A = +1 -> clipped: -1.05
+    # seq 1: log-ratio -0.1 -> s = 0.905 < 0.95, A = -2 -> min(-1.8097, -1.9) = -1.9 -> +1.9
+    logp, old = torch.tensor([0.2, 0.0, -0.1]), torch.zeros(3)
+    adv, seq = torch.tensor([1.0, 1.0, -2.0]), torch.tensor([0, 0, 1])
+    loss, info = gspo(logp, old, adv, seq, clip_low=0.05, clip_high=0.05)
+    assert float(loss) == pytest.approx((-1.05 + 1.9) / 2, abs=1e-6)
+    assert info["clip_frac"] == pytest.approx(1.0)
+
+
+def test_kl_estimators_and_entropy_bonus_hand_computed():
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-2.0])
+    assert float(kl_penalty(logp, ref, "k1")) == pytest.approx(1.0)
+    assert float(kl_penalty(logp, ref, "k2")) == pytest.approx(0.5)
+    assert float(kl_penalty(logp, ref, "k3")) == pytest.approx(math.exp(-1))  # e^-1 + 1 - 1
+    with pytest.raises(ValueError, match="k4"):
+        kl_penalty(logp, ref, "k4")
+    assert float(entropy_bonus(torch.tensor([1.0, 3.0]), 0.1)) == pytest.approx(-0.2)

@@ -1,27 +1,113 @@
 """Policy losses over flat tensors of action tokens (one entry per trained token).
 
-Aggregation is DAPO's token-mean: every action token of the minibatch weighs the same.
+`seq_ids` (the sequence each token belongs to) is only needed by the sequence-level
+aggregations and by GSPO; the default aggregation is DAPO's token-mean, where every action
+token of the minibatch weighs the same.
 """
 
 from __future__ import annotations
 
 import torch
 
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def aggregate(
+    token_loss: torch.Tensor, mode: str = "token-mean", seq_ids: torch.Tensor | None = None, norm_len: float | None = None
+) -> torch.Tensor:
+    """Reduce per-token losses to a scalar.
+
+    token-mean:              sum_{i,t} l / n_tokens (DAPO);
+    seq-mean-token-mean:     mean_i (mean_t l_{i,t}) (GRPO as published);
+    seq-mean-token-sum-norm: sum_{i,t} l / (n_seqs * norm_len) (Dr.GRPO: a constant length,
+                             by default the longest sequence of the batch, instead of each |o_i|).
+    """
+    if mode == "token-mean":
+        return token_loss.mean()
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss aggregation {mode!r}: expected one of {', '.join(AGG_MODES)}")
+    if seq_ids is None:
+        raise ValueError(f"loss aggregation {mode!r} needs seq_ids (the sequence of every token)")
+    _, inverse, counts = torch.unique(seq_ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(counts), dtype=token_loss.dtype).index_add(0, inverse, token_loss)
+    if mode == "seq-mean-token-mean":
+        return (sums / counts).mean()
+    return sums.sum() / (len(counts) * float(norm_len if norm_len is not None else counts.max()))
+
 
 def ppo_clip(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    seq_ids: torch.Tensor | None = None,
+    norm_len: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """-min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A), token-mean. clip_high > clip_low is
-    DAPO's clip-higher."""
+    """-min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A) per token, then `aggregate`.
+
+    clip_high > clip_low is DAPO's clip-higher. `dual_clip` = c (> 1, typically 3) bounds the loss
+    of negative-advantage tokens at -c*A, so one huge ratio cannot dominate the update.
+    """
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
-    loss = -torch.minimum(unclipped, clipped).mean()
+    token_loss = -torch.minimum(unclipped, clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        token_loss = torch.where(adv < 0, torch.minimum(token_loss, -dual_clip * adv), token_loss)
+    loss = aggregate(token_loss, agg, seq_ids, norm_len)
     clip_frac = ((ratio < 1 - clip_low) & (adv < 0) | (ratio > 1 + clip_high) & (adv > 0)).float().mean()
     return loss, {"clip_frac": float(clip_frac), "ratio_mean": float(ratio.detach().mean())}
+
+
+def gspo(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, seq_ids: torch.Tensor,
+    clip_low: float = 3e-4, clip_high: float = 4e-4,
+) -> tuple[torch.Tensor, dict]:
+    """GSPO: one importance ratio per sequence, s_i = exp(mean_t (logp - old_logp)), clipped;
+    loss = mean_i -min(s_i A_i, clip(s_i) A_i). A_i is the mean of the sequence's token advantages
+    (they are equal under outcome rewards). Clip ranges are tiny because s_i is a geometric mean."""
+    _, inverse, counts = torch.unique(seq_ids, return_inverse=True, return_counts=True)
+    n = len(counts)
+    log_ratio = torch.zeros(n, dtype=logp.dtype).index_add(0, inverse, logp - old_logp) / counts
+    seq_adv = torch.zeros(n, dtype=adv.dtype).index_add(0, inverse, adv) / counts
+    s = torch.exp(log_ratio)
+    loss = -torch.minimum(s * seq_adv, s.clamp(1 - clip_low, 1 + clip_high) * seq_adv).mean()
+    clip_frac = ((s < 1 - clip_low) & (seq_adv < 0) | (s > 1 + clip_high) & (seq_adv > 0)).float().mean()
+    return loss, {"clip_frac": float(clip_frac), "ratio_mean": float(s.detach().mean())}
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = log pi - log ref per token: unbiased for KL(pi || ref) on pi's samples, can be negative."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = (log pi - log ref)^2 / 2 per token: biased, low variance, always >= 0."""
+    return 0.5 * (logp - ref_logp) ** 2
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token KL estimate by name: use it as a loss term, or subtract beta * it (detached)
+    from the token rewards to fold it into the reward (REINFORCE++ style)."""
+    if kind not in KL_ESTIMATORS:
+        raise ValueError(f"kl estimator {kind!r}: expected one of {', '.join(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[kind](logp, ref_logp)
+
+
+def entropy_bonus(entropy: torch.Tensor, coef: float) -> torch.Tensor:
+    """The term added to the loss for an entropy bonus: -coef * mean token entropy."""
+    return -coef * entropy.mean()
