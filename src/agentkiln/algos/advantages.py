@@ -5,24 +5,6 @@ from __future__ import annotations
 import torch
 
 
-def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), per episode.
-
-    std is the unbiased sample std (as torch.std); a group of one gets 0. With
-    `norm_by_std=False` this is Dr.GRPO's A_i = r_i - mean_g r.
-    """
-    rewards = rewards.float()
-    adv = torch.zeros_like(rewards)
-    for g in torch.unique(group_ids):
-        idx = group_ids == g
-        r = rewards[idx]
-        if r.numel() < 2:
-            continue
-        centred = r - r.mean()
-        adv[idx] = centred / (r.std() + eps) if norm_by_std else centred
-    return adv
-
-
 def _group_stats(values: torch.Tensor, keys: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-entry mean, unbiased std and size of the pool sharing its key."""
     mean, std, size = torch.zeros_like(values), torch.zeros_like(values), torch.zeros_like(values)
@@ -35,6 +17,19 @@ def _group_stats(values: torch.Tensor, keys: list) -> tuple[torch.Tensor, torch.
         std[idx] = v.std() if len(idx) > 1 else 0.0
         size[idx] = float(len(idx))
     return mean, std, size
+
+
+def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), per episode.
+
+    std is the unbiased sample std (as torch.std); a group of one gets 0. With
+    `norm_by_std=False` this is Dr.GRPO's A_i = r_i - mean_g r.
+    """
+    rewards = rewards.float()
+    mean, std, size = _group_stats(rewards, group_ids.tolist())
+    centred = rewards - mean
+    adv = centred / (std + eps) if norm_by_std else centred
+    return torch.where(size > 1, adv, torch.zeros_like(adv))
 
 
 def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
