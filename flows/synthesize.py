@@ -1,11 +1,12 @@
-"""Stage `synthesize`: TextWorld games -> seeded, disjoint sft / rl / test splits with manifests."""
+"""Stage `synthesize`: a mixture of task families -> seeded, disjoint sft / rl / test / ood splits,
+then a Great Expectations checkpoint on the result (HTML data docs in reports/data_docs)."""
 
 from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
 from flows._stage import run_flow, stage_context
-from tasks.stages import synthesize_task
+from tasks.stages import checkpoint_task, synthesize_task
 
 
 @flow(name="synthesize", log_prints=True)
@@ -13,6 +14,9 @@ def synthesize_flow(params: Params) -> dict:
     with stage_context("synthesize", params, params.synthesize.model_dump()):
         summary = synthesize_task(params.synthesize, paths.TASKS)
         tracking.log_metrics(summary)
+        checks = checkpoint_task(params.synthesize, paths.TASKS, paths.DATA_DOCS)
+        tracking.log_metrics({"data_checks_evaluated": checks["evaluated"]})
+        print(f"data checkpoint: {checks['evaluated']} expectations passed; report: {paths.DATA_DOCS}/index.html")
     return summary
 
 

@@ -20,7 +20,9 @@ def write(tmp_path, mutate):
 
 def test_repository_params_are_valid():
     p = load_params(ROOT / "params.yaml")
-    assert p.synthesize.splits["test"].n_games >= 100  # the frozen panel is at least 100 games
+    assert p.synthesize.splits["test"].n_tasks >= 100  # the frozen panel is at least 100 tasks
+    assert len(p.synthesize.families(("sft", "rl", "test"))) >= 3  # a mixture of families
+    assert "ood" in p.synthesize.splits
 
 
 @pytest.mark.parametrize(
@@ -30,7 +32,13 @@ def test_repository_params_are_valid():
         (lambda r: r["sft"].update(epochs="many"), "sft.epochs = 'many'"),
         (lambda r: r["rl"].update(group_size=1), "rl.group_size = 1"),
         (lambda r: r["synthesize"]["splits"]["rl"].update(seed=1), "seeds must differ"),
-        (lambda r: r["synthesize"]["splits"]["test"]["mix"].update(mystery=0.5), "splits.test.mix.mystery: unknown game type"),
+        (lambda r: r["synthesize"]["splits"]["test"]["mix"].update(mystery=0.5), "splits.test.mix.mystery: unknown task type"),
+        (lambda r: r["synthesize"]["splits"]["rl"]["mix"].update(coin_hard=0.5), "splits.ood.mix: ['coin_hard'] also in sft/rl"),
+        (lambda r: r["synthesize"]["task_types"].update(x={"family": "chess"}), "task_types.x: Value error, unknown environment family 'chess'"),
+        (lambda r: r["synthesize"]["task_types"].update(x={"family": "sokoban", "level": "epic"}), "sokoban: unknown level 'epic'"),
+        (lambda r: r["synthesize"]["task_types"].update(x={"family": "sokoban", "knobs": {"colour": 1}}), "unknown difficulty knob(s) ['colour']"),
+        (lambda r: r["synthesize"]["task_types"].update(x={"family": "textworld", "knobs": {"go": 7}}), "textworld: knob go = 7"),
+        (lambda r: r["rl"].update(max_turns=0), "rl.max_turns = 0"),
         (lambda r: r["sft"]["model"].update(hidden_size=130), "divisible by num_heads"),
         (lambda r: r.update(extra_section={}), "extra_section: unknown key"),
         (lambda r: r["evaluate"].update(policies=["random", "oracle"]), "evaluate.policies.1 = 'oracle'"),

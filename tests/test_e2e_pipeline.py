@@ -20,9 +20,10 @@ TINY = {
     "synthesize": {
         "workers": 2,
         "splits": {
-            "sft": {"n_games": 6, "seed": 11, "mix": {"coin_easy": 1.0}},
-            "rl": {"n_games": 4, "seed": 12, "mix": {"coin_easy": 1.0}},
-            "test": {"n_games": 4, "seed": 13, "mix": {"coin_easy": 1.0}},
+            "sft": {"n_tasks": 6, "seed": 11, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "sokoban_easy": 1.0}},
+            "rl": {"n_tasks": 4, "seed": 12, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0}},
+            "test": {"n_tasks": 4, "seed": 13, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0}},
+            "ood": {"n_tasks": 2, "seed": 14, "mix": {"sokoban_medium": 1.0}},
         },
     },
     "sft": {"epochs": 2, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
@@ -75,13 +76,18 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     assert set(metrics) == {"random", "sft", "rl", "distilled"}
     for m in metrics.values():
         assert 0 <= m["ci_low"] <= m["success"] <= m["ci_high"] <= 1
-        assert m["n_tasks"] == 4
+        assert m["n_tasks"] == 4 and m["ood"]["n_tasks"] == 2
+        # per family: the panel's two families, counts adding up to the panel
+        assert set(m["by_family"]) == {"textworld", "gym-toytext"} and set(m["ood"]["by_family"]) == {"sokoban"}
+        assert sum(f["n_tasks"] for f in m["by_family"].values()) == 4
+        won = sum(round(f["success"] * f["n_tasks"]) for f in m["by_family"].values())
+        assert won == round(m["success"] * 4)
     assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
-    for f in ("eval.md", "success.png", "success.csv", "rl_curve.csv", "promotion.json"):
+    for f in ("eval.md", "success.png", "success.csv", "rl_curve.csv", "promotion.json", "data_docs/index.html"):
         assert (dst / "reports" / f).is_file(), f
-    manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test")]
+    manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood")]
     ids = [t["task_id"] for m in manifests for t in m["tasks"]]
-    assert len(ids) == len(set(ids)) == 14
+    assert len(ids) == len(set(ids)) == 16
 
 
 def test_mlflow_holds_pipeline_run_children_and_champion(repo):

@@ -1,5 +1,6 @@
-"""Synthesis: seeded, verified, disjoint splits; the expert table's contract. Tiny params (4 games
-per run, every game type once), synthesized twice per module to check reproducibility."""
+"""The synthesize stage: a mixture of families into seeded, verified, disjoint splits (ood held
+out), task and expert tables under their schemas, and the Great Expectations checkpoint. Tiny
+params, synthesized twice per module to check reproducibility."""
 
 from __future__ import annotations
 
@@ -8,29 +9,33 @@ import json
 import pandas as pd
 import pytest
 
-from agentkiln.config import SynthesizeParams
+from agentkiln.config import SPLITS, SynthesizeParams
+from agentkiln.data_checks import run_checkpoint
 from agentkiln.envs import TaskSpec
-from agentkiln.schemas import load_expert_trajectories
-from agentkiln.synthesis import env_version, synthesize
-from agentkiln.synthesis import textworld_games as tg
+from agentkiln.schemas import load_expert_trajectories, validate_task_table
+from agentkiln.synthesis import env_version, stage, synthesize
+from agentkiln.synthesis.generate import play_expert
 
-GAME_TYPES = {
-    "coin_easy": {"challenge": "coin_collector", "level_min": 1, "level_max": 10},
-    "coin_deadends": {"challenge": "coin_collector", "level_min": 101, "level_max": 110},
-    "cooking": {"challenge": "cooking", "recipe": 1, "take": 1, "go": 1},
+TYPES = {
+    "coin": {"family": "textworld", "level": "easy"},
+    "cook": {"family": "textworld", "knobs": {"game": "cooking"}},
+    "lake": {"family": "gym-toytext", "knobs": {"game": "frozenlake"}},
+    "sok": {"family": "sokoban"},
+    "sok_hard": {"family": "sokoban", "level": "hard"},
 }
-MIX = {"coin_easy": 0.4, "coin_deadends": 0.3, "cooking": 0.3}
+SIZES = {"sft": 4, "rl": 2, "test": 3, "ood": 2}
 
 
 def tiny(**over) -> SynthesizeParams:
     raw = {
         "workers": 2,
         "max_expert_steps": 40,
-        "game_types": GAME_TYPES,
+        "task_types": TYPES,
         "splits": {
-            "sft": {"n_games": 2, "seed": 1, "mix": {"coin_easy": 1, "cooking": 1}},
-            "rl": {"n_games": 1, "seed": 2, "mix": {"coin_deadends": 1}},
-            "test": {"n_games": 1, "seed": 3, "mix": MIX},
+            "sft": {"n_tasks": 4, "seed": 1, "mix": {"coin": 1, "cook": 1, "lake": 1, "sok": 1}},
+            "rl": {"n_tasks": 2, "seed": 2, "mix": {"coin": 1, "lake": 1}},
+            "test": {"n_tasks": 3, "seed": 3, "mix": {"coin": 1, "lake": 1, "sok": 1}},
+            "ood": {"n_tasks": 2, "seed": 4, "mix": {"sok_hard": 1}},
         },
     }
     return SynthesizeParams.model_validate(raw | over)
@@ -48,62 +53,63 @@ def manifest(root, split) -> dict:
 
 def test_layout_manifests_and_summary(runs):
     (root, summary), _ = runs
-    assert env_version().startswith("textworld-") and "+agentkiln-" in env_version()
-    for split, n, seed in (("sft", 2, 1), ("rl", 1, 2), ("test", 1, 3)):
+    for split, n in SIZES.items():
         m = manifest(root, split)
-        assert (m["split"], m["seed"], m["n_tasks"], m["env_version"]) == (split, seed, n, env_version())
+        assert (m["split"], m["seed"], m["n_tasks"]) == (split, tiny().splits[split].seed, n)
+        families = {t["family"] for t in m["tasks"]}
+        assert m["env_versions"] == {f: env_version(f) for f in families}
         for i, t in enumerate(m["tasks"]):
             task = TaskSpec(**t)
-            assert task.task_id == f"{split}-{i:04d}-{task.game_type}" and task.family == "textworld"
-            assert task.seed % 100_000 == i and task.seed // 100_000 == seed  # no retries needed here
-            assert (root / task.game_file).is_file() and task.game_file.endswith(".z8")
-            assert not (root / task.game_file).with_suffix(".ni").exists()
+            assert task.task_id == f"{split}-{i:04d}-{task.task_type}"
+            assert task.family == TYPES[task.task_type]["family"]
+            assert task.seed % 100_000 == i and task.seed // 100_000 == m["seed"]  # no retries needed here
             assert 1 <= task.expert_steps <= 40
-            if task.difficulty["challenge"] == "coin_collector":
-                spec = GAME_TYPES[task.game_type]
-                assert spec["level_min"] <= task.difficulty["level"] <= spec["level_max"]
+            if task.family == "textworld":
+                assert (root / task.data["game_file"]).is_file()
         assert summary["splits"][split]["n_tasks"] == n and sum(summary["splits"][split]["by_type"].values()) == n
-    # the file holds everything but wall-clock timings (same params, same bytes)
-    timing = ("seconds", "seconds_per_game")
+    referenced = {t["data"].get("game_file") for s in SPLITS for t in manifest(root, s)["tasks"]}
+    assert {f"games/{p.name}" for p in (root / "games").glob("*.z8")} == referenced - {None}  # no orphans
+    timing = ("seconds", "seconds_per_task")  # the file holds everything but wall-clock timings
     assert json.loads((root / "summary.json").read_text()) == {k: v for k, v in summary.items() if k not in timing}
-    assert summary["rejected"] >= 0 and set(summary["seconds_per_game"]) <= set(GAME_TYPES)
 
 
-def test_splits_are_disjoint(runs):
+def test_splits_are_disjoint_and_ood_is_held_out(runs):
     (root, _), _ = runs
-    tasks = [t for s in tg.SPLITS for t in manifest(root, s)["tasks"]]
-    assert len({t["task_id"] for t in tasks}) == len({t["seed"] for t in tasks}) == len(tasks)
-    # content, not just ids: replay each game's expert and compare fingerprints
-    prints = [tg._play_expert(root / t["game_file"], 40)[1] for t in tasks]
-    assert len(set(prints)) == len(prints)
+    tasks = [TaskSpec(**t) for s in SPLITS for t in manifest(root, s)["tasks"]]
+    assert len({t.task_id for t in tasks}) == len({t.seed for t in tasks}) == len(tasks)
+    # content, not just ids: replay each task's expert and compare fingerprints
+    prints = [play_expert(t, root, 40)[1] for t in tasks]
+    assert prints == [t.fingerprint for t in tasks] and len(set(prints)) == len(prints)
+    trained = {t.task_type for t in tasks if t.task_id.startswith(("sft", "rl"))}
+    assert {t.task_type for t in tasks if t.task_id.startswith("ood")}.isdisjoint(trained)
 
 
-def test_expert_table_matches_manifests_and_schema(runs):
+def test_task_and_expert_tables(runs):
     (root, _), _ = runs
+    tasks = validate_task_table(pd.read_parquet(root / "tasks.parquet"), "tasks.parquet")
+    assert tasks.groupby("split").size().to_dict() == SIZES
     df = load_expert_trajectories(root / "expert_trajectories.parquet")
-    assert set(df["split"]) == {"sft", "rl"}  # the test panel's walkthroughs are never training data
-    assert set(df["game_type"]) == set(GAME_TYPES)
+    assert set(df["split"]) == {"sft", "rl"}  # the panels' solutions are never training data
+    assert set(df["family"]) == {"textworld", "gym-toytext", "sokoban"}
     for split in ("sft", "rl"):
         for t in manifest(root, split)["tasks"]:
             rows = df[df["task_id"] == t["task_id"]]
             assert list(rows["step"]) == list(range(t["expert_steps"]))
-            assert list(rows["reward"]) == [0.0] * (len(rows) - 1) + [1.0]
-            assert list(rows["done"]) == [False] * (len(rows) - 1) + [True]
-            if t["game_type"] == "cooking":
+            assert list(rows["done"]) == [False] * (len(rows) - 1) + [True] and rows["reward"].iloc[-1] == 1.0
+            if t["task_type"] == "cook":
                 assert rows["action"].iloc[0] == "examine cookbook"
 
 
-def test_same_params_same_tasks_and_trajectories(runs):
+def test_same_params_same_bytes(runs):
     (a, sa), (b, sb) = runs
-    for split in tg.SPLITS:
+    for split in SPLITS:
         assert manifest(a, split) == manifest(b, split)
-    pd.testing.assert_frame_equal(
-        pd.read_parquet(a / "expert_trajectories.parquet"), pd.read_parquet(b / "expert_trajectories.parquet")
-    )
-    assert sa["splits"] == sb["splits"]
+    for name in ("expert_trajectories.parquet", "tasks.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / name), pd.read_parquet(b / name))
+    assert (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
 
 
-def test_corrupt_expert_table_is_rejected_by_name(runs, tmp_path):
+def test_corrupt_tables_are_rejected_by_name(runs, tmp_path):
     (root, _), _ = runs
     df = pd.read_parquet(root / "expert_trajectories.parquet")
     cases = {
@@ -113,6 +119,7 @@ def test_corrupt_expert_table_is_rejected_by_name(runs, tmp_path):
         "gap.parquet": (df.assign(step=df["step"] * 2), "column step"),
         "empty_action.parquet": (df.assign(action=""), "'action'"),
         "bad_json.parquet": (df.assign(admissible="go east"), "'admissible'"),
+        "bad_family.parquet": (df.assign(family="minecraft"), "'family'"),
     }
     for name, (bad, needle) in cases.items():
         bad.to_parquet(tmp_path / name, index=False)
@@ -122,22 +129,50 @@ def test_corrupt_expert_table_is_rejected_by_name(runs, tmp_path):
     (tmp_path / "garbage.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(ValueError, match="garbage.parquet: not a readable parquet"):
         load_expert_trajectories(tmp_path / "garbage.parquet")
+    tasks = pd.read_parquet(root / "tasks.parquet")
+    for bad, needle in (
+        (tasks.assign(fingerprint=tasks["fingerprint"].iloc[0]), "'fingerprint'"),  # a duplicate task
+        (tasks.assign(split="train"), "'split'"),
+        (tasks.assign(data="not json"), "'data'"),
+        (tasks.assign(env_version="v1"), "env_version"),
+    ):
+        with pytest.raises(ValueError, match="tasks.parquet: task table fails") as err:
+            validate_task_table(bad, "tasks.parquet")
+        assert needle in str(err.value), str(err.value)
+
+
+def test_data_checkpoint_passes_and_names_failures(runs, tmp_path):
+    (root, _), _ = runs
+    result = run_checkpoint(tiny(), root, tmp_path / "docs")
+    assert result["success"] and result["evaluated"] >= 12
+    assert (tmp_path / "docs" / "index.html").is_file()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    tasks = pd.read_parquet(root / "tasks.parquet")
+    tasks.assign(seed=0).to_parquet(bad / "tasks.parquet", index=False)  # seeds collide
+    experts = pd.read_parquet(root / "expert_trajectories.parquet")
+    experts.assign(task_id="test-0000-coin").to_parquet(bad / "expert_trajectories.parquet", index=False)
+    with pytest.raises(ValueError) as err:
+        run_checkpoint(tiny(), bad, tmp_path / "bad_docs")
+    msg = str(err.value)
+    assert "expect_column_values_to_be_unique seed" in msg and "expert_trajectories.parquet" in msg
+    assert (tmp_path / "bad_docs" / "index.html").is_file()  # the report is written before failing
 
 
 def test_allot_is_proportional_and_seeded():
-    a = tg.allot(MIX, 10, seed=1)
-    assert sorted(a) == sorted(["coin_easy"] * 4 + ["coin_deadends"] * 3 + ["cooking"] * 3)
-    assert a == tg.allot(MIX, 10, seed=1) and len(tg.allot(MIX, 1, seed=0)) == 1
+    mix = {"a": 0.4, "b": 0.3, "c": 0.3}
+    a = stage.allot(mix, 10, seed=1)
+    assert sorted(a) == sorted(["a"] * 4 + ["b"] * 3 + ["c"] * 3)
+    assert a == stage.allot(mix, 10, seed=1) and len(stage.allot(mix, 1, seed=0)) == 1
 
 
-def test_unwinnable_games_are_retried_then_fail_clearly(tmp_path, monkeypatch):
-    monkeypatch.setattr(tg, "MAX_RETRIES", 1)  # read by the parent process only
+def test_unwinnable_tasks_are_retried_then_fail_clearly(tmp_path, monkeypatch):
+    monkeypatch.setattr(stage, "MAX_RETRIES", 1)  # read by the parent process only
     params = tiny(
         workers=1,
-        max_expert_steps=1,  # level 2 needs two steps: never admitted
-        game_types={"coin_easy": {"challenge": "coin_collector", "level_min": 2, "level_max": 2}},
-        splits={s: {"n_games": 1, "seed": k, "mix": {"coin_easy": 1.0}} for k, s in enumerate(tg.SPLITS)},
+        max_expert_steps=1,  # a coin collector at level 2 needs two steps: never admitted
+        task_types={"coin": {"family": "textworld", "knobs": {"coin_levels": [2, 2]}}},
+        splits={s: {"n_tasks": 1, "seed": k, "mix": {"coin": 1.0}} for k, s in enumerate(SPLITS[:3])},
     )
-    with pytest.raises(RuntimeError, match=r"sft task 0 \(coin_easy\): no winnable, unseen game in 2 seeds"):
+    with pytest.raises(RuntimeError, match=r"sft task 0 \(coin\): no winnable, unseen task in 2 seeds"):
         synthesize(params, tmp_path / "tasks", progress=False)
-    assert not list((tmp_path / "tasks" / "games").glob("*.z8"))  # rejected games are deleted

@@ -8,7 +8,7 @@ the dotted field and the bad value.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -25,40 +25,35 @@ class _Strict(BaseModel):
 
 
 # --------------------------------------------------------------------------- synthesize
-class CoinCollector(_Strict):
-    """TextWorld coin collector. Levels 1-100: a chain of rooms; 101-200: with dead ends;
-    201-300: dead ends and distractor rooms. The quest length grows with level % 100."""
+SPLITS = ("sft", "rl", "test", "ood")  # ood: optional, held-out task types (harder levels)
+TRAIN_SPLITS = ("sft", "rl")
 
-    challenge: Literal["coin_collector"]
-    level_min: int = Field(ge=1, le=300)
-    level_max: int = Field(ge=1, le=300)
+
+class TaskType(_Strict):
+    """A family at a difficulty level, with knob overrides (see each family's generator module in
+    src/agentkiln/synthesis/ for its knobs and levels)."""
+
+    family: str
+    level: str = "easy"
+    knobs: dict = Field(default_factory=dict, description="overrides of the level's difficulty knobs")
 
     @model_validator(mode="after")
-    def _range(self):
-        if self.level_max < self.level_min:
-            raise ValueError(f"level_max ({self.level_max}) < level_min ({self.level_min})")
+    def _resolve(self):
+        from agentkiln.synthesis.generate import resolve  # imports only this family's generator
+
+        resolve(self.family, self.level, **self.knobs)  # ValueError names the family, knob and value
         return self
 
+    def resolved(self) -> dict:
+        from agentkiln.synthesis.generate import resolve
 
-class Cooking(_Strict):
-    """TextWorld cooking (household, ALFWorld-like): find ingredients, prepare and eat a meal."""
-
-    challenge: Literal["cooking"]
-    recipe: int = Field(1, ge=1, le=5, description="ingredients in the recipe")
-    take: int = Field(1, ge=0, le=5, description="ingredients to find and take")
-    go: Literal[1, 6, 9, 12] = Field(1, description="number of rooms")
-    open: bool = False
-    cook: bool = False
-    cut: bool = False
-
-
-GameType = Annotated[Union[CoinCollector, Cooking], Field(discriminator="challenge")]
+        return resolve(self.family, self.level, **self.knobs)
 
 
 class Split(_Strict):
-    n_games: int = Field(ge=1)
+    n_tasks: int = Field(ge=1)
     seed: int = Field(ge=0)
-    mix: dict[str, float] = Field(description="game type name -> share of the split")
+    mix: dict[str, float] = Field(description="task type name -> share of the split")
 
     @model_validator(mode="after")
     def _mix(self):
@@ -72,9 +67,9 @@ class Split(_Strict):
 
 class SynthesizeParams(_Strict):
     workers: int = Field(2, ge=1, le=64)
-    max_expert_steps: int = Field(60, ge=1, description="games whose walkthrough is longer are rejected")
-    game_types: dict[str, GameType]
-    splits: dict[Literal["sft", "rl", "test"], Split]
+    max_expert_steps: int = Field(60, ge=1, description="tasks whose expert solution is longer are rejected")
+    task_types: dict[str, TaskType]
+    splits: dict[Literal["sft", "rl", "test", "ood"], Split]
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -83,15 +78,25 @@ class SynthesizeParams(_Strict):
             raise ValueError(f"splits: missing {sorted(missing)}")
         for split_name, split in self.splits.items():
             for name in split.mix:
-                if name not in self.game_types:
+                if name not in self.task_types:
                     raise ValueError(
-                        f"splits.{split_name}.mix.{name}: unknown game type "
-                        f"(known: {sorted(self.game_types)})"
+                        f"splits.{split_name}.mix.{name}: unknown task type (known: {sorted(self.task_types)})"
                     )
+        if "ood" in self.splits:
+            trained = {t for s in TRAIN_SPLITS for t in self.splits[s].mix}
+            leaked = sorted(set(self.splits["ood"].mix) & trained)
+            if leaked:
+                raise ValueError(f"splits.ood.mix: {leaked} also in sft/rl: out-of-distribution types must be held out")
         seeds = [s.seed for s in self.splits.values()]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"splits: seeds must differ between splits, got {seeds}")
         return self
+
+    def families(self, splits=SPLITS) -> set[str]:
+        return {self.task_types[t].family for s in splits if s in self.splits for t in self.splits[s].mix}
+
+
+TURNS = "turn limit of an episode; null: each task's own (its difficulty's max_turns)"
 
 
 # --------------------------------------------------------------------------- policy
@@ -131,7 +136,7 @@ class RLParams(_Strict):
     iterations: int = Field(30, ge=0)
     tasks_per_iter: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2, description="G episodes per task from the same initial state")
-    max_turns: int = Field(20, ge=1)
+    max_turns: int | None = Field(None, ge=1, description=TURNS)
     temperature: float = Field(1.0, gt=0)
     lr: float = Field(3e-4, gt=0, lt=1)
     clip_low: float = Field(0.2, gt=0, lt=1)
@@ -146,7 +151,7 @@ class DistillParams(_Strict):
     student: ModelParams = ModelParams(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
     samples_per_task: int = Field(4, ge=1)
     temperature: float = Field(0.7, gt=0)
-    max_turns: int = Field(30, ge=1)
+    max_turns: int | None = Field(None, ge=1, description=TURNS)
     epochs: int = Field(8, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0, lt=1)
@@ -156,7 +161,7 @@ class DistillParams(_Strict):
 
 
 class EvaluateParams(_Strict):
-    max_turns: int = Field(30, ge=1)
+    max_turns: int | None = Field(None, ge=1, description=TURNS)
     policies: list[Literal["random", "sft", "rl", "distilled"]] = ["random", "sft", "rl", "distilled"]
     confidence: float = Field(0.95, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="seeds the random baseline")
@@ -187,7 +192,9 @@ def _format_errors(path: Path, err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"  - {loc}: unknown key (check spelling; see src/agentkiln/config.py)")
         else:
-            lines.append(f"  - {loc} = {e.get('input')!r}: {e['msg']}")
+            value = e.get("input")  # a whole section is not worth echoing: the message names the field
+            shown = "" if isinstance(value, (dict, list)) else f" = {value!r}"
+            lines.append(f"  - {loc}{shown}: {e['msg']}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,11 @@ import pandera.pandas as pa
 from pandera.errors import SchemaError, SchemaErrors
 from pandera.typing.pandas import Series
 
+from agentkiln.envs import FAMILIES
+
+
+_FREE_FORM = "null"  # the admissible column of a free-form family's step (tool calls): JSON null
+
 
 def _json_list(x) -> list | None:
     try:
@@ -19,13 +24,22 @@ def _json_list(x) -> list | None:
     return v if isinstance(v, list) and all(isinstance(a, str) for a in v) else None
 
 
+def _json_dict(x) -> bool:
+    try:
+        return isinstance(json.loads(x), dict)
+    except (TypeError, ValueError):
+        return False
+
+
 class ExpertTrajectorySchema(pa.DataFrameModel):
-    """One row per expert step of every sft and rl game (`expert_trajectories.parquet`).
-    `observation` is what the agent saw before acting; `admissible` is that state's JSON list."""
+    """One row per expert step of every sft and rl task (`expert_trajectories.parquet`).
+    `observation` is what the agent saw before acting; `admissible` is that state's JSON list of
+    actions, or JSON null for free-form families."""
 
     task_id: Series[str] = pa.Field(str_length={"min_value": 1})
     split: Series[str] = pa.Field(isin=["sft", "rl"])  # test walkthroughs are never training data
-    game_type: Series[str]
+    family: Series[str] = pa.Field(isin=sorted(FAMILIES))
+    task_type: Series[str] = pa.Field(str_length={"min_value": 1})
     step: Series[int] = pa.Field(ge=0)
     goal: Series[str]
     observation: Series[str] = pa.Field(str_length={"min_value": 1})
@@ -38,19 +52,47 @@ class ExpertTrajectorySchema(pa.DataFrameModel):
         strict = True  # an extra column means a producer/consumer mismatch: fail loudly
         name = "expert_trajectories"
 
-    @pa.check("admissible", error="admissible must be a JSON list of strings")
+    @pa.check("admissible", error="admissible must be a JSON list of strings or null (free-form)")
     def admissible_is_json_list(cls, s: Series[str]) -> Series[bool]:
-        return s.map(lambda x: _json_list(x) is not None)
+        return s.map(lambda x: x == _FREE_FORM or _json_list(x) is not None)
 
     @pa.dataframe_check(error="column action must be one of the actions in column admissible")
     def action_is_admissible(cls, df: pd.DataFrame) -> Series[bool]:
         return pd.Series(
-            [a in (_json_list(adm) or []) for a, adm in zip(df["action"], df["admissible"])], index=df.index
+            [adm == _FREE_FORM or a in (_json_list(adm) or []) for a, adm in zip(df["action"], df["admissible"])],
+            index=df.index,
         )
 
     @pa.dataframe_check(error="column step must run 0, 1, 2, ... within each task_id (rows in order)")
     def steps_are_consecutive(cls, df: pd.DataFrame) -> Series[bool]:
         return df["step"] == df.groupby("task_id").cumcount()
+
+
+class TaskTableSchema(pa.DataFrameModel):
+    """One row per synthesized task of every split (`tasks.parquet`): the versioned task set."""
+
+    task_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
+    split: Series[str] = pa.Field(isin=["sft", "rl", "test", "ood"])
+    family: Series[str] = pa.Field(isin=sorted(FAMILIES))
+    task_type: Series[str] = pa.Field(str_length={"min_value": 1})
+    seed: Series[int] = pa.Field(ge=0)
+    expert_steps: Series[int] = pa.Field(ge=1)
+    fingerprint: Series[str] = pa.Field(unique=True, str_matches=r"^[0-9a-f]{40}$")  # deduplicated
+    difficulty: Series[str]
+    data: Series[str]
+    env_version: Series[str] = pa.Field(str_length={"min_value": 1})
+
+    class Config:
+        strict = True
+        name = "tasks"
+
+    @pa.check("difficulty", "data", error="must be a JSON object")
+    def is_json_object(cls, s: Series[str]) -> Series[bool]:
+        return s.map(_json_dict)
+
+    @pa.dataframe_check(error="env_version must start with the task's family")
+    def version_names_family(cls, df: pd.DataFrame) -> Series[bool]:
+        return pd.Series([v.startswith(f + "-") for f, v in zip(df["family"], df["env_version"])], index=df.index)
 
 
 def _describe(cases: pd.DataFrame) -> list[str]:
@@ -71,15 +113,23 @@ def _describe(cases: pd.DataFrame) -> list[str]:
     return lines
 
 
-def validate_expert_trajectories(df: pd.DataFrame, source: str) -> pd.DataFrame:
+def _validate(schema, df: pd.DataFrame, source: str, what: str) -> pd.DataFrame:
     """Validate all checks at once; raise ValueError naming `source` and each failing column/check."""
     try:
-        return ExpertTrajectorySchema.validate(df, lazy=True)
+        return schema.validate(df, lazy=True)
     except SchemaErrors as e:
         detail = "\n".join(f"  - {line}" for line in _describe(e.failure_cases))
     except SchemaError as e:
         detail = f"  - {e}"
-    raise ValueError(f"{source}: expert trajectory table fails its schema:\n{detail}")
+    raise ValueError(f"{source}: {what} fails its schema:\n{detail}")
+
+
+def validate_expert_trajectories(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    return _validate(ExpertTrajectorySchema, df, source, "expert trajectory table")
+
+
+def validate_task_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    return _validate(TaskTableSchema, df, source, "task table")
 
 
 def load_expert_trajectories(path: str | Path) -> pd.DataFrame:

@@ -1,38 +1,42 @@
-"""The environment contract every family and the rollout engine use.
+"""Environments: one contract (`agentkiln.envs.base`), seven families, one `make()`.
 
-    task = TaskSpec(...)                   # an entry of a split manifest (JSON-serialisable)
-    env = make(task, tasks_dir, max_turns)
-    obs = env.reset()                      # Observation(text, admissible, anchor); env.goal
-    res = env.step("go east")              # StepResult(observation, reward, done, info)
-    env.expert_action()                    # the oracle's next action, or None when done
+Family modules are imported on first use, so using one family never imports another's libraries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib
 from pathlib import Path
 
-from agentkiln.envs.textworld_env import Observation, StepResult, TextWorldEnv
+from agentkiln.envs.base import DEFAULT_MAX_TURNS, Env, Observation, StepResult, TaskSpec
+
+# family name -> "module:class" of its environment
+FAMILIES: dict[str, str] = {
+    "textworld": "agentkiln.envs.textworld_env:TextWorldEnv",
+    "sokoban": "agentkiln.envs.sokoban:SokobanEnv",
+    "gym-toytext": "agentkiln.envs.toytext:ToyTextEnv",
+    "shop": "agentkiln.envs.shop:ShopEnv",
+    "search-qa": "agentkiln.envs.search_qa:SearchQAEnv",
+    "sql": "agentkiln.envs.sql:SQLEnv",
+    "python-tool": "agentkiln.envs.python_tool:PythonToolEnv",
+}
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    task_id: str
-    family: str  # "textworld"
-    game_type: str  # the game type's name in params.yaml
-    game_file: str  # relative to the tasks directory
-    seed: int
-    difficulty: dict = field(default_factory=dict)
-    expert_steps: int = 0
+def env_class(family: str) -> type[Env]:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown environment family {family!r} (known: {sorted(FAMILIES)})")
+    module, name = FAMILIES[family].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def make(task: TaskSpec, tasks_dir: str | Path, max_turns: int) -> TextWorldEnv:
-    if task.family != "textworld":
-        raise ValueError(f"task {task.task_id}: unknown environment family {task.family!r}")
-    path = Path(tasks_dir) / task.game_file
-    if not path.is_file():
-        raise FileNotFoundError(f"task {task.task_id}: game file {path} is missing (re-run synthesize)")
-    return TextWorldEnv(path, max_turns)
+def make(task: TaskSpec, tasks_dir: str | Path | None = None, max_turns: int | None = None) -> Env:
+    """The environment of one task. `tasks_dir` is where the split's files live (TextWorld's
+    compiled games); `max_turns` defaults to the task's difficulty, then DEFAULT_MAX_TURNS."""
+    try:
+        cls = env_class(task.family)
+    except ValueError as e:
+        raise ValueError(f"task {task.task_id}: {e}") from None
+    return cls(task, max_turns=max_turns, tasks_dir=tasks_dir)
 
 
-__all__ = ["Observation", "StepResult", "TaskSpec", "TextWorldEnv", "make"]
+__all__ = ["DEFAULT_MAX_TURNS", "FAMILIES", "Env", "Observation", "StepResult", "TaskSpec", "env_class", "make"]

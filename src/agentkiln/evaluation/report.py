@@ -91,14 +91,38 @@ def markdown_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+def family_table(metrics: dict, panel: str | None = None) -> str:
+    """Success per family (rows) and policy (columns) on the test panel, or on `panel` (ood)."""
+    names = [p for p in ordered_policies(metrics) if panel is None or panel in metrics[p]]
+    if not names:
+        return ""
+    at = {p: metrics[p] if panel is None else metrics[p][panel] for p in names}
+    families = sorted({f for p in names for f in at[p].get("by_family", {})})
+    lines = ["| family | n | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+    for f in families + ["all"]:
+        cells = []
+        for p in names:
+            m = at[p] if f == "all" else at[p].get("by_family", {}).get(f)
+            cells.append("-" if m is None else f"{_pct(m.get('success'))} [{_pct(m.get('ci_low'))}, {_pct(m.get('ci_high'))}]")
+        n = (at[names[0]] if f == "all" else at[names[0]].get("by_family", {}).get(f, {})).get("n_tasks", "-")
+        lines.append(f"| {'**all**' if f == 'all' else f} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_markdown(metrics: dict) -> str:
-    return (
+    text = (
         "# Evaluation on the frozen test panel\n\n"
         + markdown_table(metrics)
         + "\n\n"
         + summary_line(metrics)
         + "\n\nSuccess = share of test tasks won; the interval is a Wilson score interval.\n"
     )
+    if any(m.get("by_family") for m in metrics.values()):
+        text += "\n## Per family (test panel)\n\n" + family_table(metrics) + "\n"
+    if any("ood" in m for m in metrics.values()):
+        text += ("\n## Out-of-distribution panel (held-out task types)\n\n" + family_table(metrics, "ood")
+                 + "\n\nTask types of this panel never appear in training (sft, rl).\n")
+    return text
 
 
 def render_csv(metrics: dict) -> str:
@@ -117,23 +141,44 @@ def render_png(metrics: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
     names = ordered_policies(metrics)
-    succ = [float(metrics[p]["success"]) for p in names]
-    lo = [max(0.0, s - float(metrics[p]["ci_low"])) for p, s in zip(names, succ)]
-    hi = [max(0.0, float(metrics[p]["ci_high"]) - s) for p, s in zip(names, succ)]
-    fig = Figure(figsize=(6, 4), dpi=100)
+    panels = [("test", lambda m: m)] + ([("ood", lambda m: m["ood"])] if all("ood" in metrics[p] for p in names) else [])
+    families = sorted({f for p in names for f in metrics[p].get("by_family", {})})
+    fig = Figure(figsize=(6 + 4 * (len(families) > 1), 4), dpi=100)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    x = list(range(len(names)))
-    ax.bar(x, succ, yerr=[lo, hi], capsize=6, color="#4C72B0", edgecolor="black", linewidth=0.6)
-    for xi, s, up in zip(x, succ, hi):
-        ax.text(xi, min(s + up + 0.015, 0.95), f"{100 * s:.0f}%", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(x, names)
+    ax = fig.add_subplot(1, 1 + (len(families) > 1), 1)
+    width = 0.8 / len(panels)
+    for k, (panel, get) in enumerate(panels):
+        succ = [float(get(metrics[p])["success"]) for p in names]
+        lo = [max(0.0, s - float(get(metrics[p])["ci_low"])) for p, s in zip(names, succ)]
+        hi = [max(0.0, float(get(metrics[p])["ci_high"]) - s) for p, s in zip(names, succ)]
+        x = [i + (k - (len(panels) - 1) / 2) * width for i in range(len(names))]
+        ax.bar(x, succ, width, yerr=[lo, hi], capsize=4, label=panel, color=["#4C72B0", "#DD8452"][k],
+               edgecolor="black", linewidth=0.6)
+        for xi, s, up in zip(x, succ, hi):
+            ax.text(xi, min(s + up + 0.015, 0.95), f"{100 * s:.0f}%", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, 1)
     ax.set_xlabel("policy")
     ax.set_ylabel("success rate")
-    ax.set_title(TITLE)
+    ax.set_title(TITLE if len(panels) == 1 else "Success, test and OOD panels (95% Wilson CI)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+    if len(panels) > 1:
+        ax.legend(loc="upper left", fontsize=8)
+    if len(families) > 1:  # per family on the test panel: one group of bars per family
+        ax2 = fig.add_subplot(1, 2, 2)
+        width = 0.8 / len(names)
+        for k, p in enumerate(names):
+            by = metrics[p].get("by_family", {})
+            x = [i + (k - (len(names) - 1) / 2) * width for i in range(len(families))]
+            ax2.bar(x, [float(by[f]["success"]) if f in by else 0.0 for f in families], width, label=p,
+                    edgecolor="black", linewidth=0.4)
+        ax2.set_xticks(range(len(families)), families, rotation=20, fontsize=8)
+        ax2.set_ylim(0, 1)
+        ax2.set_title("Success per family (test panel)", fontsize=10)
+        ax2.grid(axis="y", alpha=0.3)
+        ax2.set_axisbelow(True)
+        ax2.legend(fontsize=7)
     fig.tight_layout()
     # No "Software" (matplotlib version) or creation time chunk: same metrics -> same bytes.
     fig.savefig(path, format="png", metadata={"Software": None, "Creation Time": None})

@@ -42,7 +42,10 @@ class PolicyAgent:
 
     def act(self, states: list[AgentState]) -> list[Generation]:
         if any(not s.admissible for s in states):
-            raise ValueError("constrained decoding needs a non-empty admissible action list per state")
+            raise ValueError(
+                "constrained decoding needs a non-empty admissible action list per state: free-form families "
+                "(search-qa, sql, python-tool) cannot be played by this agent; leave them out of the splits"
+            )
         prompts = [
             self.policy.encode_prompt(build_prompt(self.policy.fmt, s.goal, s.past_actions, s.observation, s.admissible))
             for s in states

@@ -28,6 +28,7 @@ class Turn:
 @dataclass
 class Episode:
     task_id: str
+    family: str
     group: int  # index of the task in the batch: episodes of one group share an initial state
     turns: list[Turn] = field(default_factory=list)
     won: bool = False
@@ -45,7 +46,7 @@ def run_episodes(
     agent,
     tasks: list[TaskSpec],
     tasks_dir: str | Path,
-    max_turns: int,
+    max_turns: int | None,
     group_size: int = 1,
     progress: str | None = None,
 ) -> list[Episode]:
@@ -55,10 +56,10 @@ def run_episodes(
             env = make(task, tasks_dir, max_turns=max_turns)
             obs = env.reset()
             envs.append(env)
-            episodes.append(Episode(task_id=task.task_id, group=g))
+            episodes.append(Episode(task_id=task.task_id, family=task.family, group=g))
             states.append((AgentState(env.goal, [], obs.text, obs.admissible or []), obs.anchor))
     active = list(range(len(envs)))
-    bar = tqdm(total=max_turns, desc=progress, leave=False, disable=progress is None)
+    bar = tqdm(total=max(e.max_turns for e in envs), desc=progress, leave=False, disable=progress is None)
     while active:
         gens = agent.act([states[i][0] for i in active])
         still = []

@@ -23,6 +23,10 @@ def seed_everything(seed: int, threads: int) -> None:
     torch.use_deterministic_algorithms(True)
 
 
+def split_exists(tasks_dir: Path, split: str) -> bool:
+    return (Path(tasks_dir) / split / "manifest.json").is_file()
+
+
 def load_split(tasks_dir: Path, split: str) -> list[TaskSpec]:
     path = Path(tasks_dir) / split / "manifest.json"
     if not path.is_file():

@@ -1,4 +1,6 @@
-"""Evaluate every policy on the frozen test panel: success with a Wilson CI, turns, invalid rate."""
+"""Evaluate every policy on the frozen panels: the test split (same task types as training) and,
+when synthesized, the out-of-distribution split (held-out harder types). Success with a Wilson CI,
+turns and invalid rate, overall and per family."""
 
 from __future__ import annotations
 
@@ -9,25 +11,42 @@ from agentkiln.evaluation.report import write_reports
 from agentkiln.evaluation.stats import summarize_episodes
 from agentkiln.policy import load_policy
 from agentkiln.rollout.agents import PolicyAgent, RandomAgent
-from agentkiln.rollout.engine import run_episodes
-from agentkiln.stages.common import load_split
+from agentkiln.rollout.engine import Episode, run_episodes
+from agentkiln.stages.common import load_split, split_exists
+
+PANELS = ("test", "ood")
+
+
+def panel_metrics(episodes: list[Episode], families: list[str], confidence: float) -> dict:
+    """Overall metrics of a panel plus `by_family` (one entry per family, same statistics)."""
+
+    def summary(eps):
+        return summarize_episodes([e.won for e in eps], [len(e.turns) for e in eps], [e.n_invalid for e in eps],
+                                  confidence)
+
+    m = summary(episodes)
+    m["by_family"] = {f: summary([e for e, g in zip(episodes, families) if g == f]) for f in sorted(set(families))}
+    return m
 
 
 def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], reports_dir: Path) -> dict:
     p = params.evaluate
-    panel = load_split(tasks_dir, "test")
+    panels = {name: load_split(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
     metrics: dict[str, dict] = {}
     for name in p.policies:
         if name == "random":
-            agent, n_params = RandomAgent(seed=p.seed), None
+            n_params = None
         else:
             policy = load_policy(model_dirs[name])
-            agent, n_params = PolicyAgent(policy, greedy=True), policy.n_params()
-        episodes = run_episodes(agent, panel, tasks_dir, p.max_turns, progress=f"eval {name}")
-        m = summarize_episodes(
-            [e.won for e in episodes], [len(e.turns) for e in episodes], [e.n_invalid for e in episodes], p.confidence
-        )
-        m["n_params"] = n_params
-        metrics[name] = m
+            n_params = policy.n_params()
+        for panel, tasks in panels.items():
+            # a fresh agent per panel: the random baseline's draws do not depend on which panels exist
+            agent = RandomAgent(seed=p.seed) if name == "random" else PolicyAgent(policy, greedy=True)
+            episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=f"eval {name} {panel}")
+            m = panel_metrics(episodes, [t.family for t in tasks], p.confidence)
+            if panel == "test":
+                metrics[name] = m | {"n_params": n_params}
+            else:
+                metrics[name][panel] = m
     write_reports(metrics, reports_dir)
     return metrics

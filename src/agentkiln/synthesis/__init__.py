@@ -1,5 +1,11 @@
-"""Task synthesis: procedurally generated, verified, versioned task sets."""
+"""Task synthesis: procedurally generated, verified, versioned task sets of every family.
 
-from agentkiln.synthesis.textworld_games import env_version, synthesize
+`generate(family, n, seed, level=..., **knobs)` makes tasks of one family (synthesis/generate.py);
+`synthesize(params, out_dir)` is the pipeline stage: a mixture of task types into splits
+(synthesis/stage.py). Each family's generator lives in its own module here.
+"""
 
-__all__ = ["env_version", "synthesize"]
+from agentkiln.synthesis.generate import GENERATORS, env_version, generate, resolve
+from agentkiln.synthesis.stage import synthesize
+
+__all__ = ["GENERATORS", "env_version", "generate", "resolve", "synthesize"]

@@ -9,7 +9,8 @@ import pytest
 
 from agentkiln.envs import Observation, StepResult, TaskSpec, make
 from agentkiln.envs.textworld_env import clean
-from agentkiln.synthesis.textworld_games import _make_game
+from agentkiln.synthesis import resolve
+from agentkiln.synthesis.textworld_games import candidate
 
 GARBAGE = ["", "xyzzy", "go" * 1000, "\x00\n;rm -rf /", "Go East", "  take coin ", "été ☃ 🎲", "examine coin"]
 
@@ -17,17 +18,13 @@ GARBAGE = ["", "xyzzy", "go" * 1000, "\x00\n;rm -rf /", "Go East", "  take coin 
 @pytest.fixture(scope="module")
 def games(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks")
-    (root / "games").mkdir()
     specs = {
         # level 105: a 5-step route with dead ends, so there are wrong moves to make
-        "coin": ({"challenge": "coin_collector", "level": 105}, 7),
-        "cooking": ({"challenge": "cooking", "recipe": 1, "take": 1, "go": 1,
-                     "open": False, "cook": False, "cut": False}, 11),
+        "coin": (resolve("textworld", "medium", coin_levels=[105, 105]), 7),
+        "cooking": (resolve("textworld", "easy", game="cooking"), 11),
     }
-    tasks = {}
-    for name, (difficulty, seed) in specs.items():
-        _make_game(difficulty, seed, root / "games" / f"{name}.z8")
-        tasks[name] = TaskSpec(f"test-{name}", "textworld", name, f"games/{name}.z8", seed, difficulty, 0)
+    tasks = {name: candidate(seed, knobs, root) for name, (knobs, seed) in specs.items()}
+    assert tasks["coin"].data == {"game": "coin_collector", "game_file": "games/tw-7.z8", "level": 105}
     return root, tasks
 
 
@@ -165,6 +162,8 @@ def test_make_validates_the_task(games, tmp_path):
         make(tasks["coin"], tmp_path, max_turns=5)
     with pytest.raises(ValueError, match="unknown environment family"):
         make(replace(tasks["coin"], family="alfworld"), root, max_turns=5)
+    with pytest.raises(ValueError, match="needs tasks_dir"):
+        make(tasks["coin"])
     assert TaskSpec(**asdict(tasks["coin"])) == tasks["coin"]  # manifests round-trip
 
 

@@ -1,0 +1,130 @@
+"""`generate(family, n, seed, **difficulty)`: seeded, verified, deduplicated tasks of one family.
+
+Each family's generator module (GENERATORS) provides:
+    LEVELS: dict[str, dict]              # "easy" / "medium" / "hard" -> difficulty knobs
+    check(knobs) -> None                 # raise ValueError naming a bad knob value
+    candidate(seed, knobs, out_dir) -> TaskSpec | None   # one task from one seed (None: retry)
+    VERSION: str                         # the versions of libraries it depends on ("" if none)
+The verification gate is the same for every family: a task is admitted only if its oracle wins it
+within `max_expert_steps`, through the very environment the agents play, and its content
+fingerprint (goal + first observation + expert actions) was not admitted before.
+
+Task i of a call with seed s gets seed `s * SEED_STRIDE + k * n + i` on its k-th attempt, so seeds
+never repeat within a call, and calls whose seeds differ never share a seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+from agentkiln.envs import FAMILIES, TaskSpec, make
+
+GENERATORS: dict[str, str] = {
+    "textworld": "agentkiln.synthesis.textworld_games",
+    "sokoban": "agentkiln.synthesis.sokoban",
+    "gym-toytext": "agentkiln.synthesis.toytext",
+    "shop": "agentkiln.synthesis.shop",
+    "search-qa": "agentkiln.synthesis.search_qa",
+    "sql": "agentkiln.synthesis.sql",
+    "python-tool": "agentkiln.synthesis.python_tool",
+}
+MAX_RETRIES = 20
+SEED_STRIDE = 100_000
+DEFAULT_MAX_EXPERT_STEPS = 60
+
+
+def generator(family: str) -> ModuleType:
+    if family not in GENERATORS:
+        raise ValueError(f"unknown environment family {family!r} (known: {sorted(GENERATORS)})")
+    return importlib.import_module(GENERATORS[family])
+
+
+def resolve(family: str, level: str = "easy", **overrides) -> dict:
+    """The difficulty knobs of a level with overrides; unknown levels, knobs or values raise
+    ValueError naming them."""
+    gen = generator(family)
+    if level not in gen.LEVELS:
+        raise ValueError(f"{family}: unknown level {level!r} (known: {sorted(gen.LEVELS)})")
+    knobs = dict(gen.LEVELS[level])
+    unknown = set(overrides) - set(knobs)
+    if unknown:
+        raise ValueError(f"{family}: unknown difficulty knob(s) {sorted(unknown)} (known: {sorted(knobs)})")
+    knobs |= overrides
+    gen.check(knobs)
+    return knobs
+
+
+def env_version(family: str) -> str:
+    """Library versions + a hash of the family's generator and environment code and the shared
+    contract: a frozen panel is only valid for the environment version in its manifest."""
+    gen = generator(family)
+    env_module = importlib.import_module(FAMILIES[family].split(":")[0])
+    h = hashlib.sha1()
+    for f in sorted({gen.__file__, env_module.__file__, __file__, str(Path(__file__).parents[1] / "envs" / "base.py")}):
+        h.update(Path(f).read_bytes())
+    return f"{family}-agentkiln-{h.hexdigest()[:12]}" + (f"+{gen.VERSION}" if gen.VERSION else "")
+
+
+def play_expert(task: TaskSpec, tasks_dir: str | Path | None, max_steps: int) -> tuple[bool, str, list[dict]]:
+    """Play the oracle through the agents' environment: (won, fingerprint, one row per step)."""
+    env = make(task, tasks_dir, max_turns=max_steps)
+    try:
+        obs = env.reset()
+        rows, fingerprint = [], [env.goal, obs.text]
+        while (action := env.expert_action()) is not None:
+            res = env.step(action)
+            rows.append({"goal": env.goal, "observation": obs.text, "action": action,
+                         "admissible": json.dumps(obs.admissible), "reward": float(res.reward), "done": res.done})
+            fingerprint.append(action)
+            obs = res.observation
+            if res.done:
+                break
+        return env.won, hashlib.sha1("\n".join(fingerprint).encode()).hexdigest(), rows
+    finally:
+        env.close()
+
+
+def build(family: str, task_id: str, task_type: str, seed: int, knobs: dict, out_dir: str | Path | None,
+          max_expert_steps: int) -> dict:
+    """One candidate task, verified: {"task": TaskSpec | None, "rows": expert rows}. Runs in
+    synthesis workers, so it takes and returns only picklable values."""
+    task = generator(family).candidate(seed, dict(knobs), Path(out_dir) if out_dir is not None else None)
+    if task is None:
+        return {"task": None, "rows": [], "reason": "generator"}
+    task = replace(task, task_id=task_id, task_type=task_type, difficulty=dict(knobs))
+    won, fingerprint, rows = play_expert(task, out_dir, max_expert_steps)
+    if not won:
+        return {"task": None, "rows": [], "reason": "unwinnable"}
+    return {"task": replace(task, expert_steps=len(rows), fingerprint=fingerprint), "rows": rows, "reason": None}
+
+
+def task_seed(seed: int, n: int, i: int, attempt: int) -> int:
+    return seed * SEED_STRIDE + attempt * n + i
+
+
+def generate(family: str, n: int, seed: int, level: str = "easy", out_dir: str | Path | None = None,
+             max_expert_steps: int = DEFAULT_MAX_EXPERT_STEPS, **overrides) -> list[TaskSpec]:
+    """`n` verified, distinct tasks of `family` at `level` (knobs overridable by keyword).
+    Families with task files (TextWorld) write them under `out_dir`."""
+    if n * (MAX_RETRIES + 1) > SEED_STRIDE:
+        raise ValueError(f"n = {n}: at most {SEED_STRIDE // (MAX_RETRIES + 1)} tasks per call (seed range)")
+    knobs = resolve(family, level, **overrides)
+    tasks, seen = [], set()
+    for i in range(n):
+        for attempt in range(MAX_RETRIES + 1):
+            res = build(family, f"{family}-{level}-{seed}-{i:04d}", level, task_seed(seed, n, i, attempt),
+                        knobs, out_dir, max_expert_steps)
+            task = res["task"]
+            if task is not None and task.fingerprint not in seen:
+                seen.add(task.fingerprint)
+                tasks.append(task)
+                break
+        else:
+            raise RuntimeError(f"{family} {level}: task {i}: no winnable, unseen task in {MAX_RETRIES + 1} seeds; "
+                               "widen its difficulty or raise max_expert_steps")
+    return tasks
