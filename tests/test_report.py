@@ -89,3 +89,30 @@ def test_non_finite_values_become_null(tmp_path, bad):
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["random"]["mean_turns"] is None
     assert "| random | 20.0% |" in (tmp_path / "eval.md").read_text()
+
+
+def _with_families():
+    m = _metrics()
+    for name, base in (("random", 0.1), ("sft", 0.5), ("rl", 0.6), ("distilled", 0.4)):
+        fam = {"sokoban": {"success": base, "ci_low": 0.0, "ci_high": 1.0, "n_tasks": 40},
+               "textworld": {"success": base + 0.25, "ci_low": 0.0, "ci_high": 1.0, "n_tasks": 60}}
+        m[name]["by_family"] = fam
+        m[name]["ood"] = {"success": base / 2, "ci_low": 0.0, "ci_high": 0.5, "n_tasks": 20,
+                          "by_family": {"sokoban": {"success": base / 2, "ci_low": 0.0, "ci_high": 0.5, "n_tasks": 20}}}
+    return m
+
+
+def test_eval_md_breaks_success_down_per_family_and_ood(tmp_path):
+    write_reports(_with_families(), tmp_path)
+    md = (tmp_path / "eval.md").read_text()
+    per_family, ood = md.split("## Per family (test panel)")[1].split("## Out-of-distribution panel")
+    rows = {line.split("|")[1].strip(): line for line in per_family.splitlines() if line.startswith("| ")}
+    assert rows["sokoban"].startswith("| sokoban | 40 | 10.0% [0.0%, 100.0%] | 50.0%")
+    assert rows["textworld"].startswith("| textworld | 60 | 35.0%")
+    assert rows["**all**"].startswith("| **all** | 100 | 20.0% [13.3%, 28.9%] | 55.0%")  # the panel's own row
+    ood_rows = [line for line in ood.splitlines() if line.startswith("| sokoban")]
+    assert ood_rows == ["| sokoban | 20 | 5.0% [0.0%, 50.0%] | 25.0% [0.0%, 50.0%] | 30.0% [0.0%, 50.0%] | 20.0% [0.0%, 50.0%] |"]
+    assert (tmp_path / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    write_reports(_with_families(), tmp_path / "again")  # identical input, identical bytes
+    for f in ("eval.md", "success.png", "metrics.json"):
+        assert (tmp_path / f).read_bytes() == (tmp_path / "again" / f).read_bytes()

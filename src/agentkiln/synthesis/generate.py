@@ -5,6 +5,7 @@ Each family's generator module (GENERATORS) provides:
     check(knobs) -> None                 # raise ValueError naming a bad knob value
     candidate(seed, knobs, out_dir) -> TaskSpec | None   # one task from one seed (None: retry)
     VERSION: str                         # the versions of libraries it depends on ("" if none)
+    SOURCES: tuple[str, ...]             # optional: other code files that shape its observations
 The verification gate is the same for every family: a task is admitted only if its oracle wins it
 within `max_expert_steps`, through the very environment the agents play, and its content
 fingerprint (goal + first observation + expert actions) was not admitted before.
@@ -65,7 +66,9 @@ def env_version(family: str) -> str:
     gen = generator(family)
     env_module = importlib.import_module(FAMILIES[family].split(":")[0])
     h = hashlib.sha1()
-    for f in sorted({gen.__file__, env_module.__file__, __file__, str(Path(__file__).parents[1] / "envs" / "base.py")}):
+    extra = set(getattr(gen, "SOURCES", ()))  # other code that shapes a family's observations (the sandbox)
+    for f in sorted({gen.__file__, env_module.__file__, __file__, str(Path(__file__).parents[1] / "envs" / "base.py"),
+                     *extra}):
         h.update(Path(f).read_bytes())
     return f"{family}-agentkiln-{h.hexdigest()[:12]}" + (f"+{gen.VERSION}" if gen.VERSION else "")
 
