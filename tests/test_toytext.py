@@ -34,7 +34,7 @@ def taxi(start, max_turns=30):
 def test_lake_render_of_the_start():
     env, obs = lake()
     assert obs.text == ("You stand on the ice at the start.\n@ F F F\nF H F H\nF F F H\nH F F G\n"
-                        "You are at row 0 col 0.")
+                        "You are at row 0 col 0. Around you: down ice, left edge, right ice, up edge.")
     assert obs.admissible == ["down", "left", "right", "up"]
     assert "S start, F ice, H hole, G goal, @ you" in env.goal
 

@@ -2,7 +2,8 @@
 
 FrozenLake (`game: frozenlake`): walk from the start (top left) to the goal (bottom right) of an
 n x n lake without stepping into a hole. The lake is shown as rows of space-separated tiles:
-`S` start, `F` ice, `H` hole, `G` goal, `@` you. Actions: `down`, `left`, `right`, `up`. Walking
+`S` start, `F` ice, `H` hole, `G` goal, `@` you, then the four neighbouring tiles in words
+("Around you: down ice, left edge, right hole, up edge."). Actions: `down`, `left`, `right`, `up`. Walking
 off the edge leaves you in place. Reward 1.0 on reaching the goal (won); a hole ends the episode,
 lost. The ice is not slippery, so the dynamics are deterministic and the oracle exact.
 
@@ -128,6 +129,10 @@ def _stop(i: int) -> str:
     return f"{TAXI_STOPS[i]} (row {TAXI_LOCS[i][0]} col {TAXI_LOCS[i][1]})"
 
 
+_DIRS = (("down", (1, 0)), ("left", (0, -1)), ("right", (0, 1)), ("up", (-1, 0)))
+_TILES = {"S": "start", "F": "ice", "H": "hole", "G": "goal"}
+
+
 class ToyTextEnv(Env):
     family = "gym-toytext"
 
@@ -154,7 +159,9 @@ class ToyTextEnv(Env):
             r, c = divmod(self.s, n)
             grid = "\n".join(" ".join("@" if (i, j) == (r, c) else ch for j, ch in enumerate(row))
                              for i, row in enumerate(self.rows))
-            text = f"{feedback}\n{grid}\nYou are at row {r} col {c}."
+            # the four neighbouring tiles in words: what a small model needs to avoid holes locally
+            around = ", ".join(f"{name} {self._tile(r + dr, c + dc)}" for name, (dr, dc) in _DIRS)
+            text = f"{feedback}\n{grid}\nYou are at row {r} col {c}. Around you: {around}."
         else:
             row, col, passenger, dest = taxi_decode(self.s)
             if passenger == 4:
@@ -169,6 +176,10 @@ class ToyTextEnv(Env):
             text = (f"{feedback} Taxi at row {row} col {col}. Passenger {where}. Destination {_stop(dest)}. "
                     f"Blocked: {', '.join(blocked) or 'none'}.")
         return Observation(text, self.model.admissible, anchor_of(self.game, self.s))
+
+    def _tile(self, r: int, c: int) -> str:
+        n = len(self.rows)
+        return _TILES[self.rows[r][c]] if 0 <= r < n and 0 <= c < n else "edge"
 
     def _step(self, action: str) -> StepResult:
         if action not in self.model.actions:
