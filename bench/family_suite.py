@@ -5,8 +5,10 @@ and the same observation sequences (generated twice, a seeded random walk replay
     python bench/family_suite.py                    # 200 per level, all families -> bench/results/family_suite.json
     python bench/family_suite.py --n 20 --families sokoban sql
 
-TextWorld compiles each game (about a second): its determinism check regenerates the first
-`--textworld-recheck` tasks per level rather than all of them.
+TextWorld (per game) and gym-toytext (FrozenLake, Taxi) are checked per game. TextWorld compiles
+each game (about a second): its determinism check regenerates `--textworld-recheck` tasks per level
+rather than all of them. Taxi's single map has 300 start states, so it gets at most TAXI_N tasks
+per level.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agentkiln.synthesis import generate
 from agentkiln.synthesis.generate import play_expert
 
 LEVELS = ("easy", "medium", "hard")
+TAXI_N = 40  # distinct Taxi starts with a 6-10 step solution (easy) number about 50
 
 
 def walk(task, tasks_dir, seed: int, steps: int = 12) -> list:
@@ -81,11 +84,13 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/family_suite.json")
     args = ap.parse_args()
     jobs = {}
-    for f in args.families:  # TextWorld: each of its games is checked as its own sub-family
-        for name, knobs in ([(f"textworld/{g}", {"game": g}) for g in args.textworld_games] if f == "textworld"
-                            else [(f, {})]):
+    games = {"textworld": args.textworld_games, "gym-toytext": ["frozenlake", "taxi"]}
+    for f in args.families:  # families with several games: each game is checked as its own sub-family
+        for name, knobs in ([(f"{f}/{g}", {"game": g}) for g in games[f]] if f in games else [(f, {})]):
+            # Taxi has 300 start states on its one map, fewer than 200 per step band: it gets TAXI_N
+            n = min(args.n, TAXI_N) if name == "gym-toytext/taxi" else args.n
             for lvl in LEVELS:
-                jobs[name, lvl] = (f, lvl, args.n, args.seed, args.textworld_recheck if f == "textworld" else None, knobs)
+                jobs[name, lvl] = (f, lvl, n, args.seed, args.textworld_recheck if f == "textworld" else None, knobs)
     with ProcessPoolExecutor(args.workers) as pool:
         futures = {key: pool.submit(check_level, *job) for key, job in jobs.items()}
         results: dict = {}
@@ -96,7 +101,8 @@ def main() -> None:
                   f"expert={100 * r['expert_solve_rate']:.1f}% deterministic={ok} "
                   f"mean expert steps={r['expert_steps_mean']} ({r['generate_seconds']} s)", flush=True)
     all_ok = all(r["expert_solve_rate"] == 1.0 and r["same_seed_same_tasks"] and r["same_seed_same_observations"]
-                 and r["n_tasks"] == args.n for fam in results.values() for r in fam.values())
+                 and r["n_tasks"] == (min(args.n, TAXI_N) if name == "gym-toytext/taxi" else args.n)
+                 for name, fam in results.items() for r in fam.values())
     report = {"n_per_level": args.n, "seed": args.seed, "all_ok": all_ok, "cpus": os.cpu_count(),
               "python": sys.version.split()[0], "families": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ LEVELS: dict[str, dict] = {
              "taxi_min_steps": 6, "taxi_max_steps": 10, "max_turns": 20},
     "medium": {"game": "frozenlake", "lake_size": 6, "lake_hole_p": 0.3, "lake_min_steps": 10,
                "taxi_min_steps": 10, "taxi_max_steps": 14, "max_turns": 40},
-    "hard": {"game": "taxi", "lake_size": 8, "lake_hole_p": 0.35, "lake_min_steps": 16,
+    "hard": {"game": "frozenlake", "lake_size": 8, "lake_hole_p": 0.35, "lake_min_steps": 16,
              "taxi_min_steps": 14, "taxi_max_steps": 18, "max_turns": 60},
 }
 INT_RANGES = {"lake_size": (3, 10), "lake_min_steps": (1, 40), "taxi_min_steps": (6, 18), "taxi_max_steps": (6, 18),
