@@ -176,3 +176,21 @@ def test_unwinnable_tasks_are_retried_then_fail_clearly(tmp_path, monkeypatch):
     )
     with pytest.raises(RuntimeError, match=r"sft task 0 \(coin\): no winnable, unseen task in 2 seeds"):
         synthesize(params, tmp_path / "tasks", progress=False)
+
+
+def test_a_panel_from_other_environment_code_is_refused(runs, tmp_path):
+    import shutil
+
+    from agentkiln.stages.common import load_split
+
+    (root, _), _ = runs
+    assert [t.task_id for t in load_split(root, "test")] == [t["task_id"] for t in manifest(root, "test")["tasks"]]
+    shutil.copytree(root / "test", tmp_path / "test")
+    m = manifest(root, "test")
+    m["env_versions"]["sokoban"] = "sokoban-agentkiln-000000000000"
+    (tmp_path / "test" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=r"sokoban tasks were made by environment version sokoban-agentkiln-0+, the code is"):
+        load_split(tmp_path, "test")
+    (tmp_path / "test" / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid task manifest"):
+        load_split(tmp_path, "test")
