@@ -21,6 +21,7 @@ Rules every family keeps (tests/test_env_contract.py checks them on all of them)
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,13 @@ def shown(action: object, limit: int = 40) -> str:
     """A garbage action as it may be echoed back: printable, one line, short."""
     text = " ".join("".join(c if c.isprintable() else " " for c in str(action)).split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def tool_call(action: str, tools: tuple[str, ...]) -> tuple[str, str] | None:
+    """Parse `name[argument]` for one of `tools` (any case, spaces around the brackets allowed: a
+    word-level tokenizer's detokenised output): (name in lower case, argument stripped) or None."""
+    m = re.fullmatch(rf"\s*({'|'.join(tools)})\s*\[(.*)\]\s*", action, re.S | re.I)
+    return (m.group(1).lower(), m.group(2).strip()) if m else None
 
 
 def invalid_text(action: object, why: str, valid: list[str] | None = None, show: int = 8) -> str:

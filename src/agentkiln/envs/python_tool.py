@@ -35,7 +35,7 @@ import ast
 import re
 from fractions import Fraction
 
-from agentkiln.envs.base import Env, Observation, StepResult, anchor_of
+from agentkiln.envs.base import Env, Observation, StepResult, anchor_of, tool_call
 from agentkiln.sandbox import Limits, run_python
 
 MAX_CODE_CHARS = 2000
@@ -104,10 +104,10 @@ class PythonToolEnv(Env):
         return Observation(text, None, anchor_of("python-tool", self.goal, "start"))
 
     def _step(self, action: str) -> StepResult:
-        m = re.fullmatch(r"\s*(python|answer)\s*\[(.*)\]\s*", action, re.S | re.I)
-        if m is None:
+        call = tool_call(action, ("python", "answer"))
+        if call is None:
             return self.invalid(action, "use python[code] or answer[value]", VALID)
-        tool, arg = m.group(1).lower(), m.group(2).strip()
+        tool, arg = call
         if tool == "answer":
             if not arg or len(arg) > MAX_ANSWER_CHARS:
                 return self.invalid(action, f"an answer has 1 to {MAX_ANSWER_CHARS} characters", VALID)

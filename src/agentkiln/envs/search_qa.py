@@ -32,7 +32,7 @@ import bm25s
 import numpy as np
 from bm25s.tokenization import Tokenized
 
-from agentkiln.envs.base import Env, Observation, StepResult, anchor_of
+from agentkiln.envs.base import Env, Observation, StepResult, anchor_of, tool_call
 
 MAX_QUERY_CHARS = 200
 MAX_ANSWER_CHARS = 100
@@ -240,10 +240,10 @@ class SearchQAEnv(Env):
         return anchor_of("search-qa", self.query, sorted(self.seen))
 
     def _step(self, action: str) -> StepResult:
-        m = re.fullmatch(r"\s*(search|answer)\s*\[(.*)\]\s*", action, re.S | re.I)
-        if m is None:
+        call = tool_call(action, ("search", "answer"))
+        if call is None:
             return self.invalid(action, "use search[query] or answer[text]", VALID)
-        tool, arg = m.group(1).lower(), m.group(2).strip()
+        tool, arg = call
         if tool == "answer":
             if not arg or len(arg) > MAX_ANSWER_CHARS:
                 return self.invalid(action, f"an answer has 1 to {MAX_ANSWER_CHARS} characters", VALID)

@@ -37,12 +37,11 @@ Oracle: `sql[<gold query>]`, then, once a result showed the gold value, `answer[
 from __future__ import annotations
 
 import random
-import re
 import sqlite3
 from dataclasses import dataclass
 from functools import lru_cache
 
-from agentkiln.envs.base import Env, Observation, StepResult, anchor_of
+from agentkiln.envs.base import Env, Observation, StepResult, anchor_of, tool_call
 
 MAX_QUERY_CHARS = 1000
 MAX_ANSWER_CHARS = 100
@@ -294,10 +293,10 @@ class SQLEnv(Env):
         return Observation(text, None, anchor_of("sql", self.goal, "start"))
 
     def _step(self, action: str) -> StepResult:
-        m = re.fullmatch(r"\s*(sql|answer)\s*\[(.*)\]\s*", action, re.S | re.I)
-        if m is None:
+        call = tool_call(action, ("sql", "answer"))
+        if call is None:
             return self.invalid(action, "use sql[query] or answer[value]", VALID)
-        tool, arg = m.group(1).lower(), m.group(2).strip()
+        tool, arg = call
         if tool == "answer":
             if not arg or len(arg) > MAX_ANSWER_CHARS:
                 return self.invalid(action, f"an answer has 1 to {MAX_ANSWER_CHARS} characters", VALID)
