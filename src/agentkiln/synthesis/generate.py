@@ -39,6 +39,14 @@ SEED_STRIDE = 100_000
 DEFAULT_MAX_EXPERT_STEPS = 60
 
 
+def check_int_knobs(family: str, knobs: dict, ranges: dict[str, tuple[int, int]]) -> None:
+    """The range check every generator's check() starts with: each named knob an int in [lo, hi]."""
+    for name, (lo, hi) in ranges.items():
+        v = knobs.get(name)
+        if type(v) is not int or not lo <= v <= hi:  # type(): a bool is not a count
+            raise ValueError(f"{family}: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+
+
 def generator(family: str) -> ModuleType:
     if family not in GENERATORS:
         raise ValueError(f"unknown environment family {family!r} (known: {sorted(GENERATORS)})")

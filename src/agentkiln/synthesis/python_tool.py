@@ -23,6 +23,7 @@ from fractions import Fraction
 
 from agentkiln import sandbox
 from agentkiln.envs.base import TaskSpec
+from agentkiln.synthesis.generate import check_int_knobs
 
 # the tool's outputs (tracebacks, float reprs) depend on the interpreter that runs the sandbox
 VERSION = f"python-{sys.version_info[0]}.{sys.version_info[1]}"
@@ -40,10 +41,7 @@ MAX_VALUE = 1_000_000
 
 
 def check(knobs: dict) -> None:
-    for name, (lo, hi) in RANGES.items():
-        v = knobs.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise ValueError(f"python-tool: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+    check_int_knobs("python-tool", knobs, RANGES)
     if knobs.get("kind") not in KINDS:
         raise ValueError(f"python-tool: knob kind = {knobs.get('kind')!r}: must be one of {', '.join(KINDS)}")
     ops = knobs.get("ops")

@@ -12,6 +12,7 @@ import bm25s
 
 from agentkiln.envs.base import TaskSpec
 from agentkiln.envs.search_qa import build_kb, words
+from agentkiln.synthesis.generate import check_int_knobs
 
 VERSION = f"bm25s-{bm25s.__version__}"
 LEVELS: dict[str, dict] = {
@@ -23,10 +24,7 @@ RANGES = {"entities": (12, 2000), "top_k": (1, 10), "hops": (1, 3), "distractors
 
 
 def check(knobs: dict) -> None:
-    for name, (lo, hi) in RANGES.items():
-        v = knobs.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise ValueError(f"search-qa: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+    check_int_knobs("search-qa", knobs, RANGES)
     if knobs["max_turns"] < knobs["hops"] + 1:
         raise ValueError(f"search-qa: knob max_turns = {knobs['max_turns']}: must be at least hops + 1 = "
                          f"{knobs['hops'] + 1}")

@@ -12,6 +12,7 @@ import random
 
 from agentkiln.envs.base import TaskSpec
 from agentkiln.envs.shop import CATEGORIES, CATEGORY_NAMES, MAX_PAGES, build_store, type_match, words
+from agentkiln.synthesis.generate import check_int_knobs
 
 VERSION = ""
 LEVELS: dict[str, dict] = {
@@ -28,10 +29,7 @@ N_DISTRACTOR_QUERIES = 3
 
 
 def check(knobs: dict) -> None:
-    for name, (lo, hi) in RANGES.items():
-        v = knobs.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise ValueError(f"shop: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+    check_int_knobs("shop", knobs, RANGES)
     if knobs["required_options"] > knobs["option_dims"]:
         raise ValueError(f"shop: knob required_options = {knobs['required_options']}: must be at most "
                          f"option_dims = {knobs['option_dims']}")

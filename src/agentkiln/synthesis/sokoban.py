@@ -20,6 +20,7 @@ from pathlib import Path
 
 from agentkiln.envs.base import TaskSpec
 from agentkiln.envs.sokoban import frozen, parse, solve
+from agentkiln.synthesis.generate import check_int_knobs
 
 FAMILY = "sokoban"
 VERSION = ""
@@ -39,10 +40,7 @@ DIRS = ((1, 0), (0, -1), (0, 1), (-1, 0))  # (row, col) steps
 
 
 def check(knobs: dict) -> None:
-    for name, (lo, hi) in RANGES.items():
-        v = knobs.get(name)
-        if type(v) is not int or not lo <= v <= hi:
-            raise ValueError(f"{FAMILY}: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+    check_int_knobs(FAMILY, knobs, RANGES)
     if knobs["max_steps"] < knobs["min_steps"]:
         raise ValueError(f"{FAMILY}: knob max_steps = {knobs['max_steps']}: must be >= min_steps "
                          f"= {knobs['min_steps']}")

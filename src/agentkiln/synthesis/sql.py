@@ -22,6 +22,7 @@ import sqlite3
 
 from agentkiln.envs.base import TaskSpec
 from agentkiln.envs.sql import Database, ReadOnlyDB, Table, build_db
+from agentkiln.synthesis.generate import check_int_knobs
 
 VERSION = f"sqlite-{sqlite3.sqlite_version}"
 LEVELS: dict[str, dict] = {
@@ -34,10 +35,7 @@ AGGS = (("total", "SUM({})"), ("average", "ROUND(AVG({}), 2)"), ("highest", "MAX
 
 
 def check(knobs: dict) -> None:
-    for name, (lo, hi) in RANGES.items():
-        v = knobs.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise ValueError(f"sql: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+    check_int_knobs("sql", knobs, RANGES)
     need = {0: 1, 1: 2, 2: 3}[knobs["hops"]]
     if knobs["tables"] < need:
         raise ValueError(f"sql: knob tables = {knobs['tables']}: a question with hops = {knobs['hops']} needs "

@@ -22,6 +22,7 @@ import gymnasium
 
 from agentkiln.envs.base import TaskSpec
 from agentkiln.envs.toytext import GAMES, lake_model, taxi_model, taxi_starts
+from agentkiln.synthesis.generate import check_int_knobs
 
 FAMILY = "gym-toytext"
 VERSION = f"gymnasium-{gymnasium.__version__}"
@@ -42,10 +43,7 @@ MAP_ATTEMPTS = 200  # lake maps tried per task seed for lake_min_steps
 def check(knobs: dict) -> None:
     if knobs.get("game") not in GAMES:
         raise ValueError(f"{FAMILY}: knob game = {knobs.get('game')!r}: must be one of {list(GAMES)}")
-    for name, (lo, hi) in INT_RANGES.items():
-        v = knobs.get(name)
-        if type(v) is not int or not lo <= v <= hi:
-            raise ValueError(f"{FAMILY}: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
+    check_int_knobs(FAMILY, knobs, INT_RANGES)
     p = knobs.get("lake_hole_p")
     if type(p) not in (int, float) or not HOLE_P[0] <= p <= HOLE_P[1]:
         raise ValueError(f"{FAMILY}: knob lake_hole_p = {p!r}: must be a number in [{HOLE_P[0]}, {HOLE_P[1]}]")
