@@ -5,6 +5,11 @@ with admissible lists, 80% a random admissible action and 20% a fuzz string; for
 (tool calls), 50% the oracle's action (so the tools really run) and 50% a fuzz string. Resets are
 counted in the time (amortised over episodes). One process, one thread: a per-core figure.
 
+python-tool's `python[...]` steps are split by how the tool answered (`python:fast` in-process
+arithmetic, `python:cached` a memoised sandbox result, `python:sandbox` a sandboxed process), and the
+uncached sandbox is measured on its own (`sandbox_calls_per_s`: distinct programs, each in a fresh
+sandboxed process), so the cost of a novel program is on record next to the mix's throughput.
+
     python bench/env_steps.py                       # all families -> bench/results/env_steps.json
     python bench/env_steps.py --families sokoban shop --seconds 3
 """
@@ -59,6 +64,8 @@ def bench_family(family: str, level: str, n_tasks: int, seconds: float, seed: in
                 if free_form:
                     m = TOOL.match(a) if isinstance(a, str) else None
                     kind = m.group(1) if m and not res.info["invalid"] else "other"
+                    if "tool_path" in res.info:
+                        kind += ":" + res.info["tool_path"]
                     k = kinds.setdefault(kind, [0, 0.0])
                     k[0] += 1
                     k[1] += dt
@@ -74,7 +81,22 @@ def bench_family(family: str, level: str, n_tasks: int, seconds: float, seed: in
     }
     if kinds:  # step cost by action kind, resets excluded: tool calls vs the rest
         out["steps_per_s_by_action"] = {k: round(n / s, 1) for k, (n, s) in sorted(kinds.items()) if s > 0}
+        out["steps_by_action"] = {k: n for k, (n, _) in sorted(kinds.items())}
+    if family == "python-tool":
+        out["sandbox_calls_per_s"] = sandbox_calls_per_s(seconds)
     return out
+
+
+def sandbox_calls_per_s(seconds: float) -> float:
+    """Distinct small programs (never cached, never on the fast path), each in the sandbox."""
+    from agentkiln.sandbox import run_python
+
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        res = run_python(f"t = 0\nfor i in range({calls}): t += i\nprint(t)")
+        assert res.ok, res
+        calls += 1
+    return round(calls / (time.perf_counter() - start), 1)
 
 
 def main() -> None:

@@ -147,3 +147,116 @@ def test_countdown_generation_by_hand():
     d = gen.countdown(rng, numbers=3, magnitude=20, ops="+", steps=1)
     a, b = (int(x) for x in d["solution"].split(" + "))
     assert d["target"] == a + b and a >= b and {a, b} <= set(d["numbers"])
+
+
+# the in-process arithmetic fast path must print exactly what the sandbox prints, and decline the rest
+from agentkiln.envs.python_fastpath import run_in_process  # noqa: E402
+
+SAME_OUTPUT = [
+    "print((50 + 25) * 7 / 3)", "print(175)", "x = 12 * 4\nprint(x - 5)", "x = 7; x *= 3; x -= 1; print(x, x / 4)",
+    "print(2 ** 100)", "print(2 ** -3, 7 // 2, -7 // 2, 7 % -3, -2.5 % 2)", "print(10 / 3, 1e16 * 3, 0.1 + 0.2)",
+    "print(abs(-3), round(2.5), round(3.14159, 2), min(4, 2, 9), max(1.5, 1), int(7.9), float(3))",
+    "print('answer:', 6 * 7)", "print()", "a = 1\nb = 2", "print(-(3 - 10), +4)", "print(1e308 * 10)",
+    "print(3 ** 0.5, (-8) // 3)",
+]
+DECLINED = [
+    "for i in range(3): print(i)", "import os\nprint(1)", "print(len('abc'))", "print('a' * 3)", "print(x)",
+    "print(1 / 0)", "print(10 ** 10 ** 10)", "print(2 ** 5000)", "print(1.5 ** 10000)", "print(sum([1, 2]))",
+    "print(1, sep='-')", "abs = 3\nprint(abs)", "print = 4", "x += 1", "print((-8) ** 0.5)", "print(True + 1)",
+    "print(*[1, 2])", "print(open('f'))", "while True: pass", "print(round(1e308 * 10))",
+    "print(" + " + ".join(["1"] * 300) + ")", "print('x' + 'y')", "print(int('3'))",
+]
+
+
+@pytest.mark.parametrize("code", SAME_OUTPUT)
+def test_fast_path_prints_what_the_sandbox_prints(code):
+    from agentkiln.sandbox import run_python
+
+    fast, slow = run_in_process(code), run_python(code)
+    assert fast is not None and slow.ok, (code, slow)
+    assert (fast.ok, fast.stdout, fast.status) == (slow.ok, slow.stdout, slow.status)
+
+
+@pytest.mark.parametrize("code", DECLINED)
+def test_fast_path_declines_everything_else(code):
+
+    assert run_in_process(code) is None
+
+
+def test_fast_path_matches_the_sandbox_on_random_arithmetic():
+    from agentkiln.sandbox import run_python
+
+    rng = random.Random(0)
+
+    def expr(depth: int) -> str:
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice([str(rng.randint(-30, 99)), f"{rng.uniform(-9, 9):.3f}", "x"])
+        return f"({expr(depth - 1)} {rng.choice(['+', '-', '*', '/', '//', '%', '**'])} {expr(depth - 1)})"
+
+    fast_count = 0
+    for _ in range(60):
+        code = f"x = {rng.randint(1, 9)}\nprint({expr(3)})"
+        fast = run_in_process(code)
+        slow = run_python(code)
+        if fast is None:  # declined (division by zero, a complex power, ...): the sandbox answers
+            continue
+        fast_count += 1
+        assert slow.ok and fast.stdout == slow.stdout, code
+    assert fast_count >= 30
+
+
+def test_tool_memoises_deterministic_sandbox_results_only():
+    from agentkiln.envs.python_tool import _CACHE, run_tool
+
+    code = "total = 0\nfor i in range(5): total += i\nprint(total)  # cache probe 1"
+    _CACHE.pop(code, None)
+    first, how1 = run_tool(code)
+    second, how2 = run_tool(code)
+    assert (how1, how2) == ("sandbox", "cached") and first.stdout == second.stdout == "10\n"
+    assert run_tool("print(6 * 7)")[1] == "fast"
+    slow = "import time\ntime.sleep(5)  # cache probe 2"
+    _CACHE.pop(slow, None)
+    res, how = run_tool(slow)
+    assert res.status == "timeout" and how == "sandbox" and slow not in _CACHE  # may be the host's load
+
+
+SYNTAX_ERRORS = ["print(1 +)", "x = = 2", "def f(:\n  pass", "  print(1)", "if True:\nprint(2)", "print('abc)",
+                 "for i in range(3) print(i)", "\tx = 1\n        y = 2", "é☃ = ", "return 5", "1 = x", "(" * 250,
+                 "print('\x00')"]
+
+
+@pytest.mark.parametrize("code", SYNTAX_ERRORS)
+def test_code_that_does_not_parse_gets_the_sandboxs_error_without_a_process(code):
+    from agentkiln.sandbox import run_python
+
+    fast, slow = run_in_process(code), run_python(code)
+    if fast is None:  # a compiler-stage error (after parsing), or null bytes on Python < 3.12: the sandbox
+        assert code in ("return 5", "print('\x00')") and slow.status == "error" and "Error" in slow.error
+        return
+    assert (fast.ok, fast.status, fast.error, fast.stdout, fast.stderr, fast.exit_code) == \
+        (slow.ok, slow.status, slow.error, slow.stdout, slow.stderr, slow.exit_code)
+
+
+def test_random_garbage_code_gets_the_sandboxs_answer():
+    from agentkiln.envs.fuzz import random_text
+    from agentkiln.sandbox import run_python
+
+    rng = random.Random(1)
+    for _ in range(40):
+        code = random_text(rng) or "x"
+        fast, slow = run_in_process(code), run_python(code)
+        if fast is not None:
+            assert (fast.ok, fast.status, fast.error, fast.stdout) == (slow.ok, slow.status, slow.error, slow.stdout), code
+
+
+def test_all_three_tool_paths_give_the_same_observation():
+    env = make(ARITHMETIC)
+    env.reset()
+    fast = env.step("python[print((10 + 5) * 3)]")
+    env2 = make(ARITHMETIC)
+    env2.reset()
+    code = "print((10 + 5) * 3)\nif False: pass"  # not straight-line: the sandbox runs it
+    slow = env2.step(f"python[{code}]")
+    again = env2.step(f"python[{code}]")
+    assert (fast.info["tool_path"], slow.info["tool_path"], again.info["tool_path"]) == ("fast", "sandbox", "cached")
+    assert fast.observation.text == slow.observation.text == again.observation.text == "Output: 45"
