@@ -13,7 +13,7 @@ from tasks.stages import evaluate_task
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: Params) -> dict:
     with stage_context("evaluate", params, params.evaluate.model_dump()):
-        metrics = evaluate_task(params, paths.TASKS, paths.MODEL_DIRS, paths.REPORTS)
+        metrics = evaluate_task(params, paths.TASKS, paths.model_dirs(params), paths.REPORTS)
         for name, m in metrics.items():
             tracking.log_metrics({f"{name}/{k}": v for k, v in m.items()})
         for name in ("eval.md", "success.png", "metrics.json"):

@@ -13,7 +13,7 @@ from flows._stage import run_flow, stage_context, write_json
 @flow(name="promote", log_prints=True)
 def promote_flow(params: Params) -> dict:
     with stage_context("promote", params, params.promote.model_dump()):
-        result = run_promote(params, repo_root(), paths.TASKS, paths.REPORTS, paths.MODEL_DIRS)
+        result = run_promote(params, repo_root(), paths.TASKS, paths.REPORTS, paths.model_dirs(params))
     write_json(paths.REPORTS / "promotion.json", result)
     print(f"promotion: {result['reason']}")
     return result

@@ -1,24 +1,35 @@
-"""Stage `rl`: GRPO + PPO-clip on the RL pool, starting from (and KL-anchored to) the SFT policy."""
+"""Stage `rl@<stage>`: one entry of params.yaml's rl.stages (algorithm, horizon, lr, KL, iterations),
+starting from its `init` model. `python -m flows.rl --stage NAME`; without --stage, every stage in order."""
+
+import argparse
 
 from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
+from agentkiln.stages.rl import stage_dirs
 from flows._stage import run_flow, stage_context, write_json
 from tasks.stages import rl_task
 
 
 @flow(name="rl", log_prints=True)
-def rl_flow(params: Params) -> dict:
-    with stage_context("rl", params, params.rl.model_dump()):
-        metrics = rl_task(
-            params, paths.TASKS, paths.SFT_MODEL, paths.RL_MODEL, paths.REPORTS / "rl_curve.csv", log=tracking.log_metrics
-        )
-        tracking.log_metrics(metrics)
-        write_json(paths.REPORTS / "rl_metrics.json", metrics)
-    print(f"RL pool success: {metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")
-    return metrics
+def rl_flow(params: Params, stage: str | None = None) -> dict:
+    results = {}
+    for name in [stage] if stage else list(params.rl.stages):
+        dirs = stage_dirs(params, name)
+        with stage_context(f"rl-{name}", params, params.rl.stage(name).model_dump()):
+            metrics = rl_task(params, name, paths.TASKS, log=tracking.log_metrics, **dirs)
+            tracking.log_metrics(metrics)
+            tracking.log_artifact(dirs["reports_dir"] / "curve.csv")
+            write_json(dirs["reports_dir"] / "metrics.json", metrics)
+        print(f"RL stage {name} ({metrics['algorithm']}): pool success "
+              f"{metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")
+        results[name] = metrics
+    return results
 
 
 if __name__ == "__main__":
-    run_flow(rl_flow)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stage", default=None, help="one of params.yaml's rl.stages (default: all, in order)")
+    args = ap.parse_args()
+    run_flow(lambda params: rl_flow(params, args.stage))

@@ -14,7 +14,7 @@ def write(tmp_path, mutate):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     mutate(raw)
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))  # the order of rl.stages matters
     return path
 
 
@@ -28,9 +28,15 @@ def test_repository_params_are_valid():
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda r: r["rl"].update(learning_rate=1e-4), "rl.learning_rate: unknown key"),
+        (lambda r: r["rl"]["defaults"].update(learning_rate=1e-4), "rl.defaults.learning_rate: unknown key"),
         (lambda r: r["sft"].update(epochs="many"), "sft.epochs = 'many'"),
-        (lambda r: r["rl"].update(group_size=1), "rl.group_size = 1"),
+        (lambda r: r["rl"]["defaults"].update(group_size=1), "rl.defaults.group_size = 1"),
+        (lambda r: r["rl"]["defaults"].update(algorithm="a2c"), "rl.defaults.algorithm = 'a2c'"),
+        (lambda r: r["rl"]["stages"].update(late={"init": "sft", "lr": 2}), "stages.late.lr = 2: Input should be less than 1"),
+        (lambda r: r["rl"]["stages"].update(late={"init": "rl/nowhere"}), "stages.late.init = 'rl/nowhere': must be one of sft, rl/main"),
+        (lambda r: r["rl"]["stages"].update(late={"max_turns": 5}), "stages.late: a mapping with at least `init`"),
+        (lambda r: r["rl"]["stages"].update(late={"init": "sft", "policy_loss": "gspo", "loss_agg": "seq-mean-token-mean"}),
+         "policy_loss gspo has its own"),
         (lambda r: r["synthesize"]["splits"]["rl"].update(seed=1), "seeds must differ"),
         (lambda r: r["synthesize"]["splits"]["test"]["mix"].update(mystery=0.5), "splits.test.mix.mystery: unknown task type"),
         (lambda r: r["synthesize"]["splits"]["rl"]["mix"].update(coin_hard=0.5), "splits.ood.mix: ['coin_hard'] also in sft/rl"),
@@ -38,7 +44,7 @@ def test_repository_params_are_valid():
         (lambda r: r["synthesize"]["task_types"].update(x={"family": "sokoban", "level": "epic"}), "sokoban: unknown level 'epic'"),
         (lambda r: r["synthesize"]["task_types"].update(x={"family": "sokoban", "knobs": {"colour": 1}}), "unknown difficulty knob(s) ['colour']"),
         (lambda r: r["synthesize"]["task_types"].update(x={"family": "textworld", "knobs": {"go": 7}}), "textworld: knob go = 7"),
-        (lambda r: r["rl"].update(max_turns=0), "rl.max_turns = 0"),
+        (lambda r: r["rl"]["defaults"].update(max_turns=0), "rl.defaults.max_turns = 0"),
         (lambda r: r["sft"]["model"].update(hidden_size=130), "divisible by num_heads"),
         (lambda r: r.update(extra_section={}), "extra_section: unknown key"),
         (lambda r: r["evaluate"].update(policies=["random", "oracle"]), "evaluate.policies.1 = 'oracle'"),
@@ -65,10 +71,10 @@ def test_cli_refuses_bad_params_before_any_work(tmp_path):
     import subprocess
     import sys
 
-    write(tmp_path, lambda r: r["rl"].update(lr=-1))
+    write(tmp_path, lambda r: r["rl"]["defaults"].update(lr=-1))
     for pkg in ("flows", "tasks"):
         (tmp_path / pkg).symlink_to(ROOT / pkg)
     out = subprocess.run([sys.executable, "-m", "flows.rl"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert "rl.lr = -1" in out.stderr
+    assert "rl.defaults.lr = -1" in out.stderr
     assert not (tmp_path / "models").exists()

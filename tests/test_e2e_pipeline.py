@@ -27,7 +27,9 @@ TINY = {
         },
     },
     "sft": {"epochs": 2, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
-    "rl": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "max_turns": 6},
+    # two chained RL stages (a growing horizon, as ScalingInter-RL), the second with another algorithm
+    "rl": {"defaults": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "max_turns": 6},
+           "stages": {"h3": {"init": "sft", "max_turns": 3}, "h6": {"init": "rl/h3", "algorithm": "gigpo"}}},
     "distill": {"epochs": 1, "samples_per_task": 1, "max_turns": 6,
                 "student": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}},
     "evaluate": {"max_turns": 6},
@@ -36,7 +38,7 @@ TINY = {
 
 def merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
-        base[k] = merge(base.get(k, {}), v) if isinstance(v, dict) and k != "mix" else v
+        base[k] = merge(base.get(k, {}), v) if isinstance(v, dict) and k not in ("mix", "stages") else v
     return base
 
 
@@ -83,7 +85,7 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
         won = sum(round(f["success"] * f["n_tasks"]) for f in m["by_family"].values())
         assert won == round(m["success"] * 4)
     assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
-    for f in ("eval.md", "success.png", "success.csv", "rl_curve.csv", "promotion.json", "data_docs/index.html"):
+    for f in ("eval.md", "success.png", "success.csv", "rl/h3/curve.csv", "rl/h6/curve.csv", "promotion.json", "data_docs/index.html"):
         assert (dst / "reports" / f).is_file(), f
     manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood")]
     ids = [t["task_id"] for m in manifests for t in m["tasks"]]
@@ -100,7 +102,7 @@ def test_mlflow_holds_pipeline_run_children_and_champion(repo):
     parents = [r for r in runs if r.info.run_name == "pipeline"]
     assert len(parents) == 1
     children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
-    assert {"synthesize", "sft", "rl", "distill", "evaluate", "promote"} <= children
+    assert {"synthesize", "sft", "rl-h3", "rl-h6", "distill", "evaluate", "promote"} <= children
     client = MlflowClient(env["MLFLOW_TRACKING_URI"], env["MLFLOW_TRACKING_URI"])
     champion = client.get_model_version_by_alias("agentkiln-policy", "champion")
     assert champion.tags["lineage.params_hash"]
@@ -116,8 +118,8 @@ def test_second_repro_runs_nothing_and_evaluate_param_reruns_only_evaluate(repo)
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh([sys.executable, "-m", "dvc", "repro"], dst, env)
     assert "Running stage 'evaluate'" in out
-    for stage in ("synthesize", "sft", "rl", "distill"):
-        assert f"Running stage '{stage}'" not in out
+    for stage in ("synthesize'", "sft'", "rl@", "distill'"):
+        assert f"Running stage '{stage}" not in out
 
 
 def test_rerun_from_scratch_gives_identical_metrics(repo):

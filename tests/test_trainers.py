@@ -7,7 +7,7 @@ from agentkiln.config import ModelParams, RLParams
 from agentkiln.policy import AgentFormat, build_prompt, build_scratch_policy, load_policy, save_policy
 from agentkiln.rollout.agents import AgentState, PolicyAgent
 from agentkiln.trainers.batch import Sample, make_batch, reply_logprobs
-from agentkiln.trainers.rl import rl_step
+from agentkiln.trainers.rl import TurnSample, update
 from agentkiln.trainers.supervised import OptimConfig, samples_from_states, train_supervised
 
 ACTIONS = ["go east", "go west", "take coin"]
@@ -39,14 +39,12 @@ def test_rl_step_raises_logprob_of_positive_advantage_action():
     gens = PolicyAgent(pol, seed=0, temperature=1.0).act([state] * 16)
     good = gens[0].action
     adv_per = [1.0 if g.action == good else -1.0 for g in gens]
-    samples = [Sample(g.prompt_ids, g.ids, g.allowed) for g in gens]
-    old = [x for g in gens for x in g.logprobs]
-    tok_adv = [a for g, a in zip(gens, adv_per) for _ in g.ids]
+    samples = [TurnSample(Sample(g.prompt_ids, g.ids, g.allowed), g.logprobs, [a] * len(g.ids)) for g, a in zip(gens, adv_per)]
     vocab = len(pol.tokenizer)
-    batch = make_batch([samples[0]], pol.pad_id, vocab)
+    batch = make_batch([samples[0].sample], pol.pad_id, vocab)
     before = float(reply_logprobs(pol.model, batch)[0].sum())
     opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-2)
-    stats = rl_step(pol, ref, samples, old, tok_adv, RLParams(minibatch_size=16), opt, torch.Generator().manual_seed(0))
+    stats = update(pol, ref, None, samples, RLParams(minibatch_size=16), opt, None, torch.Generator().manual_seed(0))
     after = float(reply_logprobs(pol.model, batch)[0].sum())
     assert after > before
     assert {"loss", "kl", "clip_frac", "entropy", "grad_norm"} <= set(stats)

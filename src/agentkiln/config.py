@@ -132,19 +132,95 @@ class SFTParams(_Strict):
     max_grad_norm: float = Field(1.0, gt=0)
 
 
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "ppo")
+
+
 class RLParams(_Strict):
+    """One RL stage (agentkiln.trainers.rl; docs/rl.md says what each knob does and its default's source)."""
+
+    init: str = Field("sft", description="model the stage starts from: sft or rl/<an earlier stage>")
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "ppo"] = "grpo"
     iterations: int = Field(30, ge=0)
     tasks_per_iter: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2, description="G episodes per task from the same initial state")
+    episode_budget: int | None = Field(None, ge=1, description="stop once this many episodes were played")
     max_turns: int | None = Field(None, ge=1, description=TURNS)
     temperature: float = Field(1.0, gt=0)
-    lr: float = Field(3e-4, gt=0, lt=1)
+    # rollout tricks
+    dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
+    max_sample_rounds: int = Field(3, ge=1, description="rollout rounds per iteration to fill the batch")
+    invalid_penalty: float = Field(0.0, le=0, description="added to the reward of a turn with an invalid action")
+    truncation_penalty: float = Field(0.0, le=0, description="added to an episode that ran out of turns")
+    # credit assignment
+    gamma: float = Field(0.95, gt=0, le=1, description="GiGPO step-return / GAE discount")
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    step_weight: float = Field(1.0, ge=0, description="GiGPO: weight of the step-level advantage")
+    # policy loss
+    policy_loss: Literal["ppo", "gspo"] = "ppo"
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0)
+    dual_clip: float | None = Field(None, gt=1)
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     kl_coef: float = Field(0.01, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = Field(False, description="fold -kl_coef * KL into the rewards instead of the loss")
+    entropy_coef: float = Field(0.0, ge=0)
+    # optimisation
+    lr: float = Field(3e-4, gt=0, lt=1)
     ppo_epochs: int = Field(1, ge=1)
     minibatch_size: int = Field(64, ge=1, description="samples (turns) per optimizer step")
+    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward (accumulation)")
     max_grad_norm: float = Field(1.0, gt=0)
+    critic_lr: float = Field(1e-3, gt=0, lt=1, description="PPO's value model")
+    value_clip: float = Field(0.2, gt=0)
+    checkpoint_every: int = Field(1, ge=0, description="iterations between resumable checkpoints (0: never)")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.policy_loss == "gspo" and self.loss_agg != "token-mean":
+            raise ValueError("policy_loss gspo has its own sequence-level aggregation: leave loss_agg at token-mean")
+        return self
+
+
+class RLSection(_Strict):
+    """`defaults` apply to every stage; each entry of `stages` (in order) overrides some of them.
+    DVC runs one stage per entry (`foreach`), each starting from its `init` model: a list whose
+    max_turns grow is ScalingInter-RL. The last stage's model is the pipeline's `rl` policy."""
+
+    defaults: RLParams = RLParams()
+    stages: dict[str, dict] = {"main": {"init": "sft"}}
+
+    @model_validator(mode="after")
+    def _stages(self):
+        if not self.stages:
+            raise ValueError("stages: at least one RL stage is needed")
+        seen: list[str] = []
+        for name, override in self.stages.items():
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"stages.{name}: a stage name has letters, digits, - and _ only")
+            if not isinstance(override, dict) or "init" not in override:
+                raise ValueError(f"stages.{name}: a mapping with at least `init` (sft or rl/<an earlier stage>)")
+            allowed = ["sft"] + [f"rl/{s}" for s in seen]
+            if override["init"] not in allowed:
+                raise ValueError(f"stages.{name}.init = {override['init']!r}: must be one of {', '.join(allowed)}")
+            try:
+                RLParams.model_validate(self.defaults.model_dump() | override)
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(p) for p in err["loc"])
+                value = "" if isinstance(err.get("input"), (dict, list)) else f" = {err.get('input')!r}"
+                raise ValueError(f"stages.{name}.{loc}{value}: {err['msg']}") from None
+            seen.append(name)
+        return self
+
+    def stage(self, name: str) -> RLParams:
+        if name not in self.stages:
+            raise KeyError(f"no RL stage {name!r} in params.yaml (stages: {', '.join(self.stages)})")
+        return RLParams.model_validate(self.defaults.model_dump() | self.stages[name])
+
+    @property
+    def final(self) -> str:
+        return list(self.stages)[-1]
 
 
 class DistillParams(_Strict):
@@ -179,7 +255,7 @@ class Params(_Strict):
     torch_threads: int = Field(2, ge=1, description="fixed so CPU results are bit-identical")
     synthesize: SynthesizeParams
     sft: SFTParams = SFTParams()
-    rl: RLParams = RLParams()
+    rl: RLSection = RLSection()
     distill: DistillParams = DistillParams()
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()

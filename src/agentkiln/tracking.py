@@ -164,6 +164,12 @@ def log_metrics(metrics: Mapping, step: int | None = None) -> None:
         mlflow.log_metrics(numeric, step=step)
 
 
+def log_artifact(path: str | Path) -> None:
+    """Attach a file (a curve, a report) to the active run; nothing when no run is active."""
+    if mlflow.active_run() is not None and Path(path).is_file():
+        mlflow.log_artifact(str(path))
+
+
 @contextmanager
 def pipeline_run(tags: dict | None = None) -> Iterator[mlflow.ActiveRun]:
     """The parent run "pipeline". Its id is exported in AGENTKILN_PARENT_RUN_ID for the stage

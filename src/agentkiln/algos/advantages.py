@@ -40,7 +40,7 @@ def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, rewards - others, torch.zeros_like(rewards))
 
 
-def _masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the masked entries (unbiased var, as verl); 0 off the mask."""
     m = mask.bool()
     vals = x[m]
@@ -70,7 +70,7 @@ def reinforce_pp(
         for t in reversed(range(r.shape[1])):
             running = (r[:, t] + gamma * running) * m[:, t] + running * (1 - m[:, t])
             returns[:, t] = running * m[:, t]
-    return _masked_whiten(returns, m)
+    return masked_whiten(returns, m)
 
 
 def gae(

@@ -30,8 +30,15 @@ class Episode:
     task_id: str
     family: str
     group: int  # index of the task in the batch: episodes of one group share an initial state
+    task_type: str = ""
+    max_turns: int = 0  # the environment's turn limit for this episode
     turns: list[Turn] = field(default_factory=list)
     won: bool = False
+
+    @property
+    def truncated(self) -> bool:
+        """Ran out of turns without winning (a loss on the very last turn counts as truncated too)."""
+        return not self.won and len(self.turns) >= self.max_turns
 
     @property
     def reward(self) -> float:
@@ -56,7 +63,8 @@ def run_episodes(
             env = make(task, tasks_dir, max_turns=max_turns)
             obs = env.reset()
             envs.append(env)
-            episodes.append(Episode(task_id=task.task_id, family=task.family, group=g))
+            episodes.append(Episode(task_id=task.task_id, family=task.family, group=g, task_type=task.task_type,
+                                    max_turns=env.max_turns))
             states.append((AgentState(env.goal, [], obs.text, obs.admissible or []), obs.anchor))
     active = list(range(len(envs)))
     bar = tqdm(total=max(e.max_turns for e in envs), desc=progress, leave=False, disable=progress is None)

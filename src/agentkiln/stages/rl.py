@@ -1,23 +1,24 @@
-"""RL on its own pool of tasks, starting from the SFT policy, which also serves as KL reference."""
+"""One RL stage: start from its `init` model (which is also its KL reference), train on the RL pool,
+save the model, the per-iteration curve and the pool's greedy success before and after.
+
+A killed stage resumes from its last checkpoint (models/checkpoints/rl/<stage>) when run again with
+the same params, starting model and pool; the checkpoint is removed once the stage finishes.
+"""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
+from agentkiln import paths
 from agentkiln.config import Params
 from agentkiln.policy import load_policy, save_policy
 from agentkiln.stages.common import load_split
+from agentkiln.trainers import checkpoint
 from agentkiln.trainers.rl import greedy_success, train_rl
 
 
-def run_rl(params: Params, tasks_dir: Path, sft_dir: Path, out_dir: Path, curve_csv: Path, log=None) -> dict:
-    policy, ref = load_policy(sft_dir), load_policy(sft_dir)
-    pool = load_split(tasks_dir, "rl")
-    before = greedy_success(policy, pool, tasks_dir, params.rl.max_turns, "rl pool (before)")
-    history = train_rl(policy, ref, pool, tasks_dir, params.rl, seed=params.seed, log=log)
-    after = greedy_success(policy, pool, tasks_dir, params.rl.max_turns, "rl pool (after)")
-    save_policy(policy, out_dir)
+def write_curve(history: list[dict], curve_csv: Path) -> None:
     curve_csv.parent.mkdir(parents=True, exist_ok=True)
     with curve_csv.open("w", newline="") as f:
         cols = sorted({k for row in history for k in row} - {"iteration"})
@@ -25,10 +26,36 @@ def run_rl(params: Params, tasks_dir: Path, sft_dir: Path, out_dir: Path, curve_
         w.writeheader()
         for row in history:
             w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
+           ckpt_dir: Path | None = None, log=None) -> dict:
+    p = params.rl.stage(stage)
+    policy, ref = load_policy(init_dir), load_policy(init_dir)
+    pool = load_split(tasks_dir, "rl")
+    key = checkpoint.fingerprint(stage, p.model_dump(), params.seed, [t.task_id for t in pool], files=[init_dir])
+    before = greedy_success(policy, pool, tasks_dir, p.max_turns, f"rl {stage}: pool (before)")
+    history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir, ckpt_key=key)
+    after = greedy_success(policy, pool, tasks_dir, p.max_turns, f"rl {stage}: pool (after)")
+    save_policy(policy, out_dir)
+    write_curve(history, reports_dir / "curve.csv")
+    if ckpt_dir:
+        checkpoint.clear(ckpt_dir)
     return {
+        "stage": stage,
+        "algorithm": p.algorithm,
+        "init": p.init,
+        "max_turns": p.max_turns,
         "pool_success_before": before,
         "pool_success_after": after,
         "pool_size": len(pool),
-        "iterations": params.rl.iterations,
-        "episodes": params.rl.iterations * params.rl.tasks_per_iter * params.rl.group_size,
+        "iterations": len(history),
+        "episodes": history[-1]["episodes"] if history else 0,
     }
+
+
+def stage_dirs(params: Params, stage: str) -> dict[str, Path]:
+    """Where stage `stage` reads and writes (mirrors dvc.yaml's foreach entry)."""
+    p = params.rl.stage(stage)
+    return {"init_dir": paths.model_dir(p.init), "out_dir": paths.RL_MODELS / stage,
+            "reports_dir": paths.rl_reports(stage), "ckpt_dir": paths.CHECKPOINTS / "rl" / stage}
