@@ -85,3 +85,22 @@ def test_summarize_empty_and_mismatched():
     assert m["invalid_rate"] == 0.0 and not math.isnan(m["mean_turns"])
     with pytest.raises(ValueError, match="one entry per task"):
         summarize_episodes([True], [1, 2], [0], 0.95)
+
+
+def test_bootstrap_mean_and_paired_difference():
+    import numpy as np
+
+    from agentkiln.evaluation.stats import bootstrap_mean, paired_difference
+
+    rng = np.random.default_rng(0)
+    a = (rng.random((3, 200)) < 0.6).astype(float)
+    m, lo, hi = bootstrap_mean(a)
+    assert m == a.mean() and lo < m < hi and hi - lo < 0.2
+    assert bootstrap_mean(np.ones((2, 5))) == (1.0, 1.0, 1.0)
+    # a known-better policy: flagged (interval above 0); a policy against itself: exactly 0
+    b = np.where(rng.random((3, 200)) < 0.5, 1.0, a)  # a's successes plus more
+    d, dlo, dhi = paired_difference(b, a)
+    assert d > 0 and dlo > 0
+    assert paired_difference(a, a) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="same cells"):
+        paired_difference(a, a[:, :10])

@@ -250,6 +250,28 @@ class PromoteParams(_Strict):
     margin: float = Field(0.0, ge=0, le=1, description="challenger must beat champion by this much")
 
 
+class AblationParams(_Strict):
+    """`python -m flows.ablation`: every arm trains from `init` on the RL pool with each seed, then is
+    evaluated on `panel`. An arm is a list of RL stages (overrides of rl.defaults + `base`), run in
+    order from one policy: one entry for a method, a growing max_turns for ScalingInter-RL. Every
+    arm must spend the same rollout budget (the sum of its stages' episode_budget)."""
+
+    seeds: list[int] = Field([0, 1, 2], min_length=1)
+    init: str = "sft"
+    panel: Literal["test", "ood"] = "test"
+    baseline: str = "grpo"
+    base: dict = {"iterations": 1000, "episode_budget": 640}  # the budget, not iterations, ends each run
+    arms: dict[str, list[dict]] = {"grpo": [{"algorithm": "grpo"}]}
+
+    @model_validator(mode="after")
+    def _baseline(self):
+        if self.baseline not in self.arms:
+            raise ValueError(f"baseline = {self.baseline!r}: not one of the arms ({', '.join(self.arms)})")
+        if any(not stages for stages in self.arms.values()):
+            raise ValueError("arms: every arm needs at least one stage")
+        return self
+
+
 class Params(_Strict):
     seed: int = Field(0, ge=0)
     torch_threads: int = Field(2, ge=1, description="fixed so CPU results are bit-identical")
@@ -259,6 +281,28 @@ class Params(_Strict):
     distill: DistillParams = DistillParams()
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()
+    ablation: AblationParams = AblationParams()
+
+    @model_validator(mode="after")
+    def _ablation_arms(self):
+        budgets = {}
+        for arm in self.ablation.arms:
+            try:
+                stages = self.ablation_stages(arm)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise ValueError(f"ablation.arms.{arm}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            if any(p.episode_budget is None for p in stages):
+                raise ValueError(f"ablation.arms.{arm}: every stage needs an episode_budget (arms are compared "
+                                 "at the same rollout budget)")
+            budgets[arm] = sum(p.episode_budget for p in stages)
+        if len(set(budgets.values())) > 1:
+            raise ValueError(f"ablation.arms: rollout budgets differ {budgets}: give every arm the same total")
+        return self
+
+    def ablation_stages(self, arm: str) -> list[RLParams]:
+        base = self.rl.defaults.model_dump() | self.ablation.base
+        return [RLParams.model_validate(base | stage) for stage in self.ablation.arms[arm]]
 
 
 def _format_errors(path: Path, err: ValidationError) -> str:

@@ -58,3 +58,35 @@ def summarize_episodes(
         "mean_turns": total_turns / n if n else 0.0,
         "invalid_rate": sum(invalid) / total_turns if total_turns else 0.0,
     }
+
+
+def _bootstrap_indices(rng, shape: tuple[int, int], n_boot: int):
+    """Resample rows (seeds) and columns (tasks) with replacement: a two-level bootstrap, so both
+    the tasks' and the training seeds' variability widen the interval."""
+    s, t = shape
+    return rng.integers(0, s, size=(n_boot, s)), rng.integers(0, t, size=(n_boot, t))
+
+
+def bootstrap_mean(outcomes, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high) of per-(seed, task) outcomes [S, T] (or [T]): percentile bootstrap over seeds and tasks."""
+    import numpy as np
+
+    x = np.atleast_2d(np.asarray(outcomes, dtype=float))
+    if x.size == 0:
+        raise ValueError("bootstrap_mean needs at least one outcome")
+    rng = np.random.default_rng(seed)
+    rows, cols = _bootstrap_indices(rng, x.shape, n_boot)
+    means = np.array([x[r][:, c].mean() for r, c in zip(rows, cols)])
+    a = (1 - confidence) / 2
+    return float(x.mean()), float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def paired_difference(a, b, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean(a - b), low, high) for two policies' outcomes on the same cells [S, T] (same seeds,
+    same tasks): the pairing removes the variance the two share (task difficulty)."""
+    import numpy as np
+
+    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
+    if a.shape != b.shape:
+        raise ValueError(f"paired_difference needs outcomes on the same cells, got shapes {a.shape} and {b.shape}")
+    return bootstrap_mean(a - b, confidence, n_boot, seed)

@@ -1,0 +1,104 @@
+"""The RL ablation: every arm x seed trains from the same starting policy at the same rollout
+budget, then plays the frozen panel greedily; statistics over (seed, task) cells.
+
+    outcomes[arm] : [seeds, tasks] of 0/1        -> success +- 95% CI (bootstrap over seeds and tasks)
+    outcomes[arm] - outcomes[baseline]           -> paired difference + CI (same seeds, same tasks)
+    outcomes[arm] - outcomes[init]               -> does RL beat its starting point (SFT)?
+
+The starting policy is deterministic under greedy decoding, so it is played once and its outcomes
+are repeated per seed for the paired comparisons.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+from agentkiln import paths
+from agentkiln.config import Params
+from agentkiln.evaluation.stats import bootstrap_mean, paired_difference
+from agentkiln.policy import load_policy
+from agentkiln.rollout.agents import PolicyAgent
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.stages.common import load_split
+from agentkiln.trainers.rl import train_rl
+
+
+def play_panel(policy, panel, tasks_dir: Path, max_turns: int | None, desc: str) -> list[int]:
+    eps = run_episodes(PolicyAgent(policy, greedy=True), panel, tasks_dir, max_turns, progress=desc)
+    return [int(e.won) for e in eps]
+
+
+def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_dir: Path, log=None):
+    """Train one arm with one seed: its stages in order, each KL-anchored to the policy it started from.
+    Returns (policy, learning curve rows with cumulative episodes)."""
+    policy = load_policy(init_dir)
+    curve, offset = [], 0
+    for k, p in enumerate(params.ablation_stages(arm)):
+        ref = copy.deepcopy(policy)
+        hist = train_rl(policy, ref, pool, tasks_dir, p, seed=seed * 1000 + k, log=log)
+        for h in hist:
+            curve.append({"stage": k, "iteration": len(curve) + 1, "episodes": offset + h["episodes"],
+                          "success": h["success"], "kl": h.get("kl"), "entropy": h.get("entropy"),
+                          "zero_var_groups": h["zero_var_groups"]})
+        offset = curve[-1]["episodes"] if curve else offset
+    return policy, curve
+
+
+def summarize(outcomes: dict[str, list[list[int]]], init_outcomes: list[int], baseline: str, init: str,
+              confidence: float) -> dict:
+    """Per arm: success with CI, and paired differences to the baseline arm and to the starting policy."""
+    out = {}
+    n_seeds = len(next(iter(outcomes.values())))
+    init_rows = [init_outcomes] * n_seeds
+    m, lo, hi = bootstrap_mean([init_outcomes], confidence)
+    out[init] = {"success": m, "ci_low": lo, "ci_high": hi, "is_init": True}
+    for arm, rows in outcomes.items():
+        m, lo, hi = bootstrap_mean(rows, confidence)
+        d, dlo, dhi = paired_difference(rows, init_rows, confidence)
+        row = {"success": m, "ci_low": lo, "ci_high": hi, "per_seed": [sum(r) / len(r) for r in rows],
+               f"vs_{init}": {"diff": d, "ci_low": dlo, "ci_high": dhi}}
+        if arm != baseline:
+            b, blo, bhi = paired_difference(rows, outcomes[baseline], confidence)
+            row[f"vs_{baseline}"] = {"diff": b, "ci_low": blo, "ci_high": bhi}
+        out[arm] = row
+    return out
+
+
+def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=None) -> dict:
+    """Run every arm x seed; write reports/ablation.{json,md,png}. `log_run(arm, seed, metrics, curve)`
+    records each run (MLflow in the flow)."""
+    from agentkiln.evaluation.ablation_report import write_ablation_reports
+
+    a = params.ablation
+    pool, panel = load_split(tasks_dir, "rl"), load_split(tasks_dir, a.panel)
+    init_dir = paths.model_dir(a.init)
+    max_turns = params.evaluate.max_turns
+    init_outcomes = play_panel(load_policy(init_dir), panel, tasks_dir, max_turns, f"ablation: {a.init} on {a.panel}")
+    outcomes, curves, seconds = {}, {}, {}
+    for arm in a.arms:
+        outcomes[arm], curves[arm] = [], []
+        start = time.perf_counter()
+        for seed in a.seeds:
+            policy, curve = train_arm(params, arm, seed, pool, tasks_dir, init_dir)
+            won = play_panel(policy, panel, tasks_dir, max_turns, f"ablation: {arm} seed {seed} on {a.panel}")
+            outcomes[arm].append(won)
+            curves[arm].append(curve)
+            if log_run:
+                log_run(arm, seed, {"success": sum(won) / len(won)}, curve)
+            print(f"ablation: {arm} seed {seed}: {a.panel} success {sum(won) / len(won):.3f}")
+        seconds[arm] = round(time.perf_counter() - start, 1)
+    result = {
+        "panel": a.panel, "n_tasks": len(panel), "seeds": a.seeds, "init": a.init, "baseline": a.baseline,
+        "confidence": params.evaluate.confidence, "episode_budget": sum(p.episode_budget for p in params.ablation_stages(a.baseline)),
+        "arms": {arm: [p.model_dump(exclude_defaults=True) for p in params.ablation_stages(arm)] for arm in a.arms},
+        "summary": summarize(outcomes, init_outcomes, a.baseline, a.init, params.evaluate.confidence),
+        "curves": curves, "seconds": seconds,
+        "outcomes": {"init": init_outcomes, **outcomes}, "task_ids": [t.task_id for t in panel],
+    }
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    (reports_dir / "ablation.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_ablation_reports(result, reports_dir)
+    return result
