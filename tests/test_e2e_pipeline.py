@@ -131,3 +131,20 @@ def test_rerun_from_scratch_gives_identical_metrics(repo):
     assert (dst / "reports/metrics.json").read_bytes() == first
     sh([sys.executable, "-m", "dvc", "repro", "--force"], dst, env)  # every stage from scratch
     assert (dst / "reports/metrics.json").read_bytes() == first
+
+
+def test_killed_rl_stage_resumes_under_dvc_with_identical_results(repo):
+    dst, env, _ = repo
+    lock = yaml.safe_load((dst / "dvc.lock").read_text())
+    want = {o["path"]: o["md5"] for o in lock["stages"]["rl@h6"]["outs"]}
+    want_curve = (dst / "reports/rl/h6/curve.csv").read_text()
+    killed = subprocess.run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "rl@h6"], cwd=dst,
+                            env=env | {"AGENTKILN_KILL_AFTER_ITERATION": "1"}, capture_output=True, text=True, timeout=900)
+    assert killed.returncode != 0  # killed after iteration 1 of 2, its checkpoint written
+    assert (dst / "models/checkpoints/rl/h6/state.pt").is_file()
+    out = sh([sys.executable, "-m", "dvc", "repro", "--single-item", "rl@h6"], dst, env)
+    assert "resumed from models/checkpoints/rl/h6 after iteration 1" in out
+    lock = yaml.safe_load((dst / "dvc.lock").read_text())
+    assert {o["path"]: o["md5"] for o in lock["stages"]["rl@h6"]["outs"]} == want  # the very same weights
+    assert (dst / "reports/rl/h6/curve.csv").read_text() == want_curve
+    assert not (dst / "models/checkpoints/rl/h6").exists()  # removed once the stage finished

@@ -201,3 +201,13 @@ def test_killed_run_resumes_from_its_checkpoint_with_identical_results(pool, tmp
     pol, ref = corpus_policy(tasks, tasks_dir), corpus_policy(tasks, tasks_dir)
     other = trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=7, ckpt_dir=tmp_path / "ckpt", ckpt_key="other")
     assert other == straight
+
+
+def test_free_generation_trains_with_an_invalid_action_penalty(pool):
+    tasks, tasks_dir = pool
+    pol, ref = corpus_policy(tasks, tasks_dir), corpus_policy(tasks, tasks_dir)
+    p = RLParams(decoding="free", invalid_penalty=-0.5, iterations=1, tasks_per_iter=2, group_size=3, max_turns=3)
+    hist = trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=0)
+    # an untrained model's free text is never an admissible action: every turn invalid and penalised
+    # alike, so every group is flat and nothing is trained (no signal, reported as such)
+    assert hist[0]["invalid_rate"] == 1.0 and hist[0]["zero_var_groups"] == 1.0 and hist[0]["trained_turns"] == 0

@@ -85,3 +85,16 @@ def test_random_agent_is_seeded_and_admissible():
     a = [g.action for g in RandomAgent(3).act(st)]
     assert a == [g.action for g in RandomAgent(3).act(st)]
     assert all(x in s.admissible for x, s in zip(a, st))
+
+
+def test_free_generation_keeps_ids_and_trains_on_exactly_them():
+    pol = tiny_policy()
+    gens = PolicyAgent(pol, seed=3, decoding="free").act(states(6))
+    for g in gens:
+        assert g.allowed is None and 1 <= len(g.ids) <= 16 and len(g.logprobs) == len(g.ids)
+        assert g.action == pol.tokenizer.decode([t for t in g.ids if t != pol.eos_id], skip_special_tokens=True).strip()
+    batch = make_batch([Sample(g.prompt_ids, g.ids, g.allowed) for g in gens], pol.pad_id, len(pol.tokenizer))
+    assert batch.allowed is None  # the whole vocabulary, as sampled
+    logp, _ = reply_logprobs(pol.model, batch)
+    assert torch.allclose(logp, torch.tensor([x for g in gens for x in g.logprobs]), atol=1e-5)
+    assert batch.targets.tolist() == [t for g in gens for t in g.ids]

@@ -146,6 +146,8 @@ class RLParams(_Strict):
     episode_budget: int | None = Field(None, ge=1, description="stop once this many episodes were played")
     max_turns: int | None = Field(None, ge=1, description=TURNS)
     temperature: float = Field(1.0, gt=0)
+    decoding: Literal["constrained", "free"] = Field("constrained", description="constrained to the admissible "
+                                                     "actions, or free generation over the vocabulary")
     # rollout tricks
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
     max_sample_rounds: int = Field(3, ge=1, description="rollout rounds per iteration to fill the batch")
@@ -238,6 +240,7 @@ class DistillParams(_Strict):
 
 class EvaluateParams(_Strict):
     max_turns: int | None = Field(None, ge=1, description=TURNS)
+    decoding: Literal["constrained", "free"] = "constrained"
     policies: list[Literal["random", "sft", "rl", "distilled"]] = ["random", "sft", "rl", "distilled"]
     confidence: float = Field(0.95, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="seeds the random baseline")

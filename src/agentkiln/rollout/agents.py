@@ -29,8 +29,12 @@ class PolicyAgent:
         greedy: bool = False,
         seed: int = 0,
         batch_size: int = 64,
+        decoding: str = "constrained",
     ):
+        if decoding not in ("constrained", "free"):
+            raise ValueError(f"decoding {decoding!r}: expected constrained or free")
         self.policy, self.temperature, self.greedy, self.batch_size = policy, temperature, greedy, batch_size
+        self.decoding = decoding
         self.generator = torch.Generator().manual_seed(seed)
         self._action_ids: dict[str, list[int]] = {}
 
@@ -41,7 +45,10 @@ class PolicyAgent:
         return ActionTrie({a: self._action_ids[a] for a in admissible})
 
     def act(self, states: list[AgentState]) -> list[Generation]:
-        if any(not s.admissible for s in states):
+        """One action per state: constrained to its admissible actions (a prefix trie over their ids),
+        or, with decoding="free", generated over the whole vocabulary (the prompt still lists the
+        admissible actions; an action outside them is the environment's invalid step)."""
+        if self.decoding == "constrained" and any(not s.admissible for s in states):
             raise ValueError(
                 "constrained decoding needs a non-empty admissible action list per state: free-form families "
                 "(search-qa, sql, python-tool) cannot be played by this agent; leave them out of the splits"
@@ -50,7 +57,7 @@ class PolicyAgent:
             self.policy.encode_prompt(build_prompt(self.policy.fmt, s.goal, s.past_actions, s.observation, s.admissible))
             for s in states
         ]
-        tries = [self._trie(s.admissible) for s in states]
+        tries = [self._trie(s.admissible) if self.decoding == "constrained" else None for s in states]
         out: list[Generation] = []
         for i in range(0, len(states), self.batch_size):
             out += generate_actions(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentkiln.policy.model import Policy
+from agentkiln.policy.model import MAX_ACTION_TOKENS, Policy
 
 
 class ActionTrie:
@@ -45,7 +45,7 @@ class Generation:
     """One reply: exactly the ids sampled, what was allowed at each position, behaviour log-probs."""
 
     ids: list[int]
-    allowed: list[list[int]]
+    allowed: list[list[int]] | None  # None: free generation over the whole vocabulary
     logprobs: list[float]
     action: str = ""
     prompt_ids: list[int] = field(default_factory=list)
@@ -66,18 +66,21 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def generate_actions(
     policy: Policy,
     prompts: list[list[int]],
-    tries: list[ActionTrie],
+    tries: list[ActionTrie | None],
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> list[Generation]:
-    """Decode one action per prompt with a KV cache; rows that finished feed padding."""
+    """Decode one action per prompt with a KV cache; rows that finished feed padding. A row whose
+    trie is None is generated freely (whole vocabulary) until end-of-sequence or MAX_ACTION_TOKENS;
+    its action is the decoded text, which the environment may find invalid."""
     model, eos = policy.model, policy.eos_id
     model.eval()
     ids, mask = left_pad(prompts, policy.pad_id)
     position = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
-    gens = [Generation(ids=[], allowed=[], logprobs=[], prompt_ids=list(p)) for p in prompts]
+    gens = [Generation(ids=[], allowed=[] if t is not None else None, logprobs=[], prompt_ids=list(p))
+            for p, t in zip(prompts, tries)]
     done = [False] * len(prompts)
     next_pos = position[:, -1] + 1
     while not all(done):
@@ -86,15 +89,25 @@ def generate_actions(
         for i, gen in enumerate(gens):
             if done[i]:
                 continue
-            allowed = tries[i].allowed(gen.ids)
-            row = logits[i, allowed].log_softmax(-1)
-            k = int(row.argmax()) if greedy else int(torch.multinomial(row.exp(), 1, generator=generator))
-            gen.ids.append(allowed[k])
-            gen.allowed.append(allowed)
+            if tries[i] is None:  # free generation
+                row = logits[i].log_softmax(-1)
+                k = int(row.argmax()) if greedy else int(torch.multinomial(row.exp(), 1, generator=generator))
+                tok = k
+            else:
+                allowed = tries[i].allowed(gen.ids)
+                row = logits[i, allowed].log_softmax(-1)
+                k = int(row.argmax()) if greedy else int(torch.multinomial(row.exp(), 1, generator=generator))
+                tok = allowed[k]
+                gen.allowed.append(allowed)
+            gen.ids.append(tok)
             gen.logprobs.append(float(row[k]))
-            gen.entropy.append(float(-(row.exp() * row).sum()))
-            choice[i] = allowed[k]
-            if allowed[k] == eos:
+            gen.entropy.append(float(-(row.exp() * row.nan_to_num(neginf=0.0)).sum()))
+            choice[i] = tok
+            if tries[i] is None and (tok == eos or len(gen.ids) >= MAX_ACTION_TOKENS):
+                done[i] = True
+                text_ids = gen.ids[:-1] if tok == eos else gen.ids
+                gen.action = policy.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
+            elif tries[i] is not None and tok == eos:
                 done[i] = True
                 gen.action = tries[i].action(gen.ids)
         if all(done):

@@ -41,7 +41,7 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
             n_params = policy.n_params()
         for panel, tasks in panels.items():
             # a fresh agent per panel: the random baseline's draws do not depend on which panels exist
-            agent = RandomAgent(seed=p.seed) if name == "random" else PolicyAgent(policy, greedy=True)
+            agent = RandomAgent(seed=p.seed) if name == "random" else PolicyAgent(policy, greedy=True, decoding=p.decoding)
             episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=f"eval {name} {panel}")
             m = panel_metrics(episodes, [t.family for t in tasks], p.confidence)
             if panel == "test":

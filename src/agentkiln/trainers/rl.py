@@ -15,6 +15,7 @@ One iteration, top to bottom:
 
 from __future__ import annotations
 
+import os
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -34,6 +35,9 @@ from agentkiln.trainers import checkpoint
 from agentkiln.trainers.batch import Sample, make_batch, reply_logprobs
 from agentkiln.trainers.credit import shape_rewards, token_advantages
 from agentkiln.trainers.critic import Critic, value_loss
+
+
+FAULT_ENV = "AGENTKILN_KILL_AFTER_ITERATION"
 
 
 @dataclass
@@ -57,7 +61,7 @@ def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, 
     rounds = p.max_sample_rounds if p.dynamic_sampling else 1
     for r in range(rounds):
         tasks = rng.sample(pool, min(p.tasks_per_iter, len(pool)))
-        agent = PolicyAgent(policy, temperature=p.temperature, seed=seed + r)
+        agent = PolicyAgent(policy, temperature=p.temperature, seed=seed + r, decoding=p.decoding)
         episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size)
         played += len(episodes)
         everything += episodes
@@ -216,8 +220,9 @@ def episode_metrics(episodes: list[Episode], samples: list[TurnSample]) -> dict:
     return row
 
 
-def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, max_turns: int | None, desc: str) -> float:
-    eps = run_episodes(PolicyAgent(policy, greedy=True), tasks, tasks_dir, max_turns, progress=desc)
+def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, max_turns: int | None, desc: str,
+                   decoding: str = "constrained") -> float:
+    eps = run_episodes(PolicyAgent(policy, greedy=True, decoding=decoding), tasks, tasks_dir, max_turns, progress=desc)
     return sum(e.won for e in eps) / len(eps)
 
 
@@ -274,4 +279,6 @@ def train_rl(
                 "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
                 "history": history, "critic": critic.state_dict() if critic else None,
                 "critic_opt": critic_opt.state_dict() if critic_opt else None}, rng, gen)
+        if os.environ.get(FAULT_ENV) == str(it + 1):  # fault injection: the resume test kills the stage here
+            os._exit(137)
     return history
