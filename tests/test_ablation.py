@@ -58,3 +58,44 @@ def test_an_arm_with_two_stages_trains_at_its_budget(tmp_path):
     params = load_params(path)
     _, curve = train_arm(params, "scaling", 0, tasks, tmp_path / "tasks", tmp_path / "init")
     assert [(c["stage"], c["episodes"]) for c in curve] == [(0, 4), (1, 8)]
+
+
+def test_a_job_in_a_worker_process_equals_the_same_job_in_process(tmp_path):
+    import dataclasses
+    import json
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from agentkiln.policy import save_policy
+    from agentkiln.stages.ablation import run_job
+    from agentkiln.synthesis.generate import env_version, generate
+    from tests.test_rl_trainer import corpus_policy
+
+    tasks_dir = tmp_path / "data" / "tasks"
+    for split, seed in (("rl", 5), ("test", 6)):
+        tasks = generate("gym-toytext", 3, seed=seed, level="easy", out_dir=tasks_dir, game="frozenlake")
+        (tasks_dir / split).mkdir(parents=True, exist_ok=True)
+        (tasks_dir / split / "manifest.json").write_text(json.dumps(
+            {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}}))
+    save_policy(corpus_policy(tasks, tasks_dir), tmp_path / "models" / "sft")
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["ablation"]["base"] = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4}
+    raw["ablation"]["arms"] = {"grpo": [{"algorithm": "gigpo"}]}
+    raw["evaluate"]["max_turns"] = 4
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    params = load_params(path)
+    import os
+
+    import torch
+
+    cwd, threads = os.getcwd(), torch.get_num_threads()
+    os.chdir(tmp_path)  # models/sft is found relative to the repository root, as in the flow
+    try:
+        here = run_job(params, "grpo", 1, tasks_dir, threads=1)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+            there = ex.submit(run_job, params, "grpo", 1, tasks_dir, 1).result()
+    finally:
+        os.chdir(cwd)
+        torch.set_num_threads(threads)
+    assert here[:2] == there[:2] and len(here[0]) == 3

@@ -260,6 +260,7 @@ class AblationParams(_Strict):
     arm must spend the same rollout budget (the sum of its stages' episode_budget)."""
 
     seeds: list[int] = Field([0, 1, 2], min_length=1)
+    workers: int = Field(1, ge=1, description="arm x seed runs in parallel (one torch thread each)")
     init: str = "sft"
     panel: Literal["test", "ood"] = "test"
     baseline: str = "grpo"

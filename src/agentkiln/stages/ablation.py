@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+
+import torch
 
 from agentkiln import paths
 from agentkiln.config import Params
@@ -47,6 +51,13 @@ def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_d
     return policy, curve
 
 
+def _report_job(arm: str, seed: int, result: tuple, panel: str, log_run) -> None:
+    won, curve, _ = result
+    if log_run:
+        log_run(arm, seed, {"success": sum(won) / len(won)}, curve)
+    print(f"ablation: {arm} seed {seed}: {panel} success {sum(won) / len(won):.3f}")
+
+
 def summarize(outcomes: dict[str, list[list[int]]], init_outcomes: list[int], baseline: str, init: str,
               confidence: float) -> dict:
     """Per arm: success with CI, and paired differences to the baseline arm and to the starting policy."""
@@ -67,29 +78,46 @@ def summarize(outcomes: dict[str, list[list[int]]], init_outcomes: list[int], ba
     return out
 
 
+def run_job(params: Params, arm: str, seed: int, tasks_dir: Path, threads: int | None = None) -> tuple[list[int], list[dict], float]:
+    """One arm x seed: train, then play the panel. (outcomes per task, learning curve, seconds).
+    Self-contained (loads its own tasks and model), so jobs can run in worker processes."""
+    if threads:
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    a = params.ablation
+    pool, panel = load_split(tasks_dir, "rl"), load_split(tasks_dir, a.panel)
+    policy, curve = train_arm(params, arm, seed, pool, tasks_dir, paths.model_dir(a.init))
+    won = play_panel(policy, panel, tasks_dir, params.evaluate.max_turns, f"ablation: {arm} seed {seed} on {a.panel}")
+    return won, curve, time.perf_counter() - start
+
+
 def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=None) -> dict:
-    """Run every arm x seed; write reports/ablation.{json,md,png}. `log_run(arm, seed, metrics, curve)`
-    records each run (MLflow in the flow)."""
+    """Run every arm x seed (`ablation.workers` at a time, one torch thread each when more than one);
+    write reports/ablation.{json,md,png}. `log_run(arm, seed, metrics, curve)` records each run."""
     from agentkiln.evaluation.ablation_report import write_ablation_reports
 
     a = params.ablation
-    pool, panel = load_split(tasks_dir, "rl"), load_split(tasks_dir, a.panel)
+    panel = load_split(tasks_dir, a.panel)
     init_dir = paths.model_dir(a.init)
-    max_turns = params.evaluate.max_turns
-    init_outcomes = play_panel(load_policy(init_dir), panel, tasks_dir, max_turns, f"ablation: {a.init} on {a.panel}")
-    outcomes, curves, seconds = {}, {}, {}
-    for arm in a.arms:
-        outcomes[arm], curves[arm] = [], []
-        start = time.perf_counter()
-        for seed in a.seeds:
-            policy, curve = train_arm(params, arm, seed, pool, tasks_dir, init_dir)
-            won = play_panel(policy, panel, tasks_dir, max_turns, f"ablation: {arm} seed {seed} on {a.panel}")
-            outcomes[arm].append(won)
-            curves[arm].append(curve)
-            if log_run:
-                log_run(arm, seed, {"success": sum(won) / len(won)}, curve)
-            print(f"ablation: {arm} seed {seed}: {a.panel} success {sum(won) / len(won):.3f}")
-        seconds[arm] = round(time.perf_counter() - start, 1)
+    init_outcomes = play_panel(load_policy(init_dir), panel, tasks_dir, params.evaluate.max_turns,
+                               f"ablation: {a.init} on {a.panel}")
+    jobs = [(arm, seed) for arm in a.arms for seed in a.seeds]
+    results: dict[tuple[str, int], tuple] = {}
+    if a.workers == 1:
+        for arm, seed in jobs:
+            results[arm, seed] = run_job(params, arm, seed, tasks_dir)
+            _report_job(arm, seed, results[arm, seed], a.panel, log_run)
+    else:
+        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+        with ProcessPoolExecutor(a.workers, mp_context=ctx) as ex:
+            futures = {ex.submit(run_job, params, arm, seed, tasks_dir, 1): (arm, seed) for arm, seed in jobs}
+            for fut in as_completed(futures):
+                arm, seed = futures[fut]
+                results[arm, seed] = fut.result()
+                _report_job(arm, seed, results[arm, seed], a.panel, log_run)
+    outcomes = {arm: [results[arm, s][0] for s in a.seeds] for arm in a.arms}
+    curves = {arm: [results[arm, s][1] for s in a.seeds] for arm in a.arms}
+    seconds = {arm: round(sum(results[arm, s][2] for s in a.seeds), 1) for arm in a.arms}
     result = {
         "panel": a.panel, "n_tasks": len(panel), "seeds": a.seeds, "init": a.init, "baseline": a.baseline,
         "confidence": params.evaluate.confidence, "episode_budget": sum(p.episode_budget for p in params.ablation_stages(a.baseline)),
