@@ -262,7 +262,10 @@ def train_rl(
         if log:  # the new tracking run gets the whole curve
             for row in history:
                 log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, row["iteration"])
-    for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=p.iterations):
+    total = p.iterations
+    if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
+        total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
+    for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total):
         if p.episode_budget is not None and played >= p.episode_budget:
             break
         episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101)
