@@ -121,7 +121,7 @@ def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=Non
     result = {
         "panel": a.panel, "n_tasks": len(panel), "seeds": a.seeds, "init": a.init, "baseline": a.baseline,
         "confidence": params.evaluate.confidence, "episode_budget": sum(p.episode_budget for p in params.ablation_stages(a.baseline)),
-        "arms": {arm: [p.model_dump(exclude_defaults=True) for p in params.ablation_stages(arm)] for arm in a.arms},
+        "base": a.base, "arms": a.arms,  # each arm's own overrides (of rl.defaults + base)
         "summary": summarize(outcomes, init_outcomes, a.baseline, a.init, params.evaluate.confidence),
         "curves": curves, "seconds": seconds,
         "outcomes": {"init": init_outcomes, **outcomes}, "task_ids": [t.task_id for t in panel],

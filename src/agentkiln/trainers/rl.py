@@ -51,10 +51,11 @@ class TurnSample:
     ret: float = 0.0
 
 
-def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int
-            ) -> tuple[list[Episode], list[Episode], dict]:
+def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
+            budget_left: int | None = None) -> tuple[list[Episode], list[Episode], dict]:
     """(episodes to train on: `tasks_per_iter` groups, with dynamic sampling only groups whose shaped
-    rewards vary; every episode played, for the metrics; stats)."""
+    rewards vary; every episode played, for the metrics; stats). Dynamic sampling stops playing
+    more rounds once `budget_left` episodes were played."""
     kept: list[Episode] = []
     everything: list[Episode] = []
     groups_seen = groups_flat = played = 0
@@ -81,7 +82,7 @@ def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, 
             for i in idx:
                 episodes[i].group = n_groups  # unique across rounds
                 kept.append(episodes[i])
-        if len({ep.group for ep in kept}) >= p.tasks_per_iter:
+        if len({ep.group for ep in kept}) >= p.tasks_per_iter or (budget_left is not None and played >= budget_left):
             break
     return kept, everything, {"episodes_played": played, "zero_var_groups": groups_flat / max(1, groups_seen),
                   "groups_trained": len({ep.group for ep in kept}), "sample_rounds": r + 1}
@@ -268,7 +269,8 @@ def train_rl(
     for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total):
         if p.episode_budget is not None and played >= p.episode_budget:
             break
-        episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101)
+        episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
+                                             None if p.episode_budget is None else p.episode_budget - played)
         played += info["episodes_played"]
         samples = build_samples(policy, ref, critic, episodes, p) if episodes else []
         row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, samples)}
