@@ -140,9 +140,10 @@ def test_killed_rl_stage_resumes_under_dvc_with_identical_results(repo):
     want_curve = (dst / "reports/rl/h6/curve.csv").read_text()
     killed = subprocess.run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "rl@h6"], cwd=dst,
                             env=env | {"AGENTKILN_KILL_AFTER_ITERATION": "1"}, capture_output=True, text=True, timeout=900)
-    assert killed.returncode != 0  # killed after iteration 1 of 2, its checkpoint written
+    assert killed.returncode != 0 and "InjectedFault" in killed.stdout + killed.stderr  # after iteration 1 of 2
     assert (dst / "models/checkpoints/rl/h6/state.pt").is_file()
-    out = sh([sys.executable, "-m", "dvc", "repro", "--single-item", "rl@h6"], dst, env)
+    # --force: as on a first run (this stage ran before, so DVC would simply restore its cached result)
+    out = sh([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "rl@h6"], dst, env)
     assert "resumed from models/checkpoints/rl/h6 after iteration 1" in out
     lock = yaml.safe_load((dst / "dvc.lock").read_text())
     assert {o["path"]: o["md5"] for o in lock["stages"]["rl@h6"]["outs"]} == want  # the very same weights

@@ -40,6 +40,11 @@ from agentkiln.trainers.critic import Critic, value_loss
 FAULT_ENV = "AGENTKILN_KILL_AFTER_ITERATION"
 
 
+class InjectedFault(RuntimeError):
+    """Raised where FAULT_ENV says, like a crash: a failure that unwinds (a SIGKILL would leave
+    Prefect's temporary API server of the stage process running)."""
+
+
 @dataclass
 class TurnSample:
     """One turn to train on: its exact ids, behaviour log-probs and per-token advantages."""
@@ -284,6 +289,6 @@ def train_rl(
                 "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
                 "history": history, "critic": critic.state_dict() if critic else None,
                 "critic_opt": critic_opt.state_dict() if critic_opt else None}, rng, gen)
-        if os.environ.get(FAULT_ENV) == str(it + 1):  # fault injection: the resume test kills the stage here
-            os._exit(137)
+        if os.environ.get(FAULT_ENV) == str(it + 1):  # fault injection: the resume test stops the stage here
+            raise InjectedFault(f"{FAULT_ENV}={it + 1}: stopped after the checkpoint of iteration {it + 1}")
     return history
