@@ -140,7 +140,8 @@ def build_samples(policy: Policy, ref: Policy, critic: Critic | None, episodes: 
 
 
 def _micro_loss(policy: Policy, ref: Policy, micro: list[TurnSample], p: RLParams, share: float, norm_len: float
-                ) -> tuple[torch.Tensor, dict]:
+                ) -> dict:
+    """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats."""
     vocab = policy.model.get_input_embeddings().num_embeddings
     batch = make_batch([s.sample for s in micro], policy.pad_id, vocab)
     logp, entropy = reply_logprobs(policy.model, batch, p.temperature)
@@ -164,7 +165,7 @@ def _micro_loss(policy: Policy, ref: Policy, micro: list[TurnSample], p: RLParam
     stats = {"loss": float(loss.detach()), "pg_loss": float(pg.detach()), "kl": float(kl.detach()),
              "entropy": float(ent.detach()),
              "clip_frac": info["clip_frac"], "ratio_mean": info["ratio_mean"]}
-    return loss.detach(), stats
+    return stats
 
 
 def update(policy: Policy, ref: Policy, critic: Critic | None, samples: list[TurnSample], p: RLParams,
@@ -173,6 +174,7 @@ def update(policy: Policy, ref: Policy, critic: Critic | None, samples: list[Tur
     minibatch's loss (each micro loss is weighted by its share of the aggregation's denominator)."""
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
+    token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"  # share of tokens, else of sequences
     policy.model.train()
     for _ in range(p.ppo_epochs):
         order = torch.randperm(len(samples), generator=gen).tolist()
@@ -183,9 +185,8 @@ def update(policy: Policy, ref: Policy, critic: Critic | None, samples: list[Tur
             opt.zero_grad(set_to_none=True)
             for k in range(0, len(mb), micro_size):
                 micro = mb[k : k + micro_size]
-                token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"
                 share = (sum(len(s.adv) for s in micro) / n_tok) if token_level else len(micro) / len(mb)
-                _, st = _micro_loss(policy, ref, micro, p, share, norm_len)
+                st = _micro_loss(policy, ref, micro, p, share, norm_len)
                 for key, v in st.items():
                     stats[key].append(v)
             stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.max_grad_norm)))
