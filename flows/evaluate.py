@@ -1,4 +1,5 @@
-"""Stage `evaluate`: every policy on the frozen test panel -> reports/metrics.json, eval.md, plot."""
+"""Stage `evaluate`: every policy and baseline on the frozen panels -> reports/metrics.json,
+outcomes.json, comparisons.json, eval.md, eval.html and plots (logged to MLflow too)."""
 
 import mlflow
 from prefect import flow
@@ -10,13 +11,19 @@ from flows._stage import run_flow, stage_context
 from tasks.stages import evaluate_task
 
 
+REPORT_FILES = ("eval.md", "eval.html", "metrics.json", "outcomes.json", "comparisons.json", "success.png",
+                "passk.png", "curves.png")
+
+
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: Params) -> dict:
     with stage_context("evaluate", params, params.evaluate.model_dump()):
-        metrics = evaluate_task(params, paths.TASKS, paths.model_dirs(params), paths.REPORTS)
+        metrics = evaluate_task(params, paths.TASKS, paths.model_dirs(params), paths.REPORTS, paths.rl_curves(params))
         for name, m in metrics.items():
             tracking.log_metrics({f"{name}/{k}": v for k, v in m.items()})
-        for name in ("eval.md", "success.png", "metrics.json"):
+            tracking.log_metrics({f"{name}/family/{f}/success": x["success"] for f, x in m["by_family"].items()})
+            tracking.log_metrics({f"{name}/pass_at_{k}": v for k, v in m.get("pass_at_k", {}).items()})
+        for name in REPORT_FILES:
             mlflow.log_artifact(str(paths.REPORTS / name))
     create_markdown_artifact((paths.REPORTS / "eval.md").read_text(), key="evaluation")
     print((paths.REPORTS / "eval.md").read_text())

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from agentkiln.config import ParamsError, load_params
-from agentkiln.evaluation.ablation_report import write_ablation_reports
+from agentkiln.evaluate.ablation_report import write_ablation_reports
 from agentkiln.stages.ablation import summarize, train_arm
 from tests.test_config import ROOT, write
 
@@ -67,6 +67,7 @@ def test_a_job_in_a_worker_process_equals_the_same_job_in_process(tmp_path):
     from concurrent.futures import ProcessPoolExecutor
 
     from agentkiln.policy import save_policy
+    from agentkiln.evaluate.panels import seal
     from agentkiln.stages.ablation import run_job
     from agentkiln.synthesis.generate import env_version, generate
     from tests.test_rl_trainer import corpus_policy
@@ -75,8 +76,8 @@ def test_a_job_in_a_worker_process_equals_the_same_job_in_process(tmp_path):
     for split, seed in (("rl", 5), ("test", 6)):
         tasks = generate("gym-toytext", 3, seed=seed, level="easy", out_dir=tasks_dir, game="frozenlake")
         (tasks_dir / split).mkdir(parents=True, exist_ok=True)
-        (tasks_dir / split / "manifest.json").write_text(json.dumps(
-            {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}}))
+        (tasks_dir / split / "manifest.json").write_text(json.dumps(seal(
+            {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}})))
     save_policy(corpus_policy(tasks, tasks_dir), tmp_path / "models" / "sft")
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["ablation"]["base"] = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4}

@@ -47,7 +47,7 @@ def test_repository_params_are_valid():
         (lambda r: r["rl"]["defaults"].update(max_turns=0), "rl.defaults.max_turns = 0"),
         (lambda r: r["sft"]["model"].update(hidden_size=130), "divisible by num_heads"),
         (lambda r: r.update(extra_section={}), "extra_section: unknown key"),
-        (lambda r: r["evaluate"].update(policies=["random", "oracle"]), "evaluate.policies.1 = 'oracle'"),
+        (lambda r: r["evaluate"].update(policies=["random", "teacher"]), "evaluate.policies.1 = 'teacher'"),
     ],
 )
 def test_bad_params_name_the_field(tmp_path, mutate, expected):

@@ -32,7 +32,7 @@ TINY = {
            "stages": {"h3": {"init": "sft", "max_turns": 3}, "h6": {"init": "rl/h3", "algorithm": "gigpo"}}},
     "distill": {"epochs": 1, "samples_per_task": 1, "max_turns": 6,
                 "student": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}},
-    "evaluate": {"max_turns": 6},
+    "evaluate": {"max_turns": 6, "pass_k": {"samples": 2, "policies": ["rl"]}},
 }
 
 
@@ -75,7 +75,13 @@ def repo(tmp_path_factory):
 def test_pipeline_writes_metrics_for_every_policy(repo):
     dst, _, _ = repo
     metrics = json.loads((dst / "reports/metrics.json").read_text())
-    assert set(metrics) == {"random", "sft", "rl", "distilled"}
+    assert set(metrics) == {"random", "oracle", "sft", "rl", "distilled"}
+    assert metrics["oracle"]["success"] >= max(m["success"] for m in metrics.values())  # the ceiling
+    assert set(metrics["rl"]["pass_at_k"]) == {"1", "2"} and metrics["rl"]["pass_at_k"]["1"] <= metrics["rl"]["pass_at_k"]["2"]
+    comparisons = json.loads((dst / "reports/comparisons.json").read_text())
+    assert [(c["a"], c["b"]) for c in comparisons] == [("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")]
+    outcomes = json.loads((dst / "reports/outcomes.json").read_text())
+    assert all(len(outcomes["outcomes"][p]["test"]) == 4 for p in metrics)
     for m in metrics.values():
         assert 0 <= m["ci_low"] <= m["success"] <= m["ci_high"] <= 1
         assert m["n_tasks"] == 4 and m["ood"]["n_tasks"] == 2
@@ -85,7 +91,7 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
         won = sum(round(f["success"] * f["n_tasks"]) for f in m["by_family"].values())
         assert won == round(m["success"] * 4)
     assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
-    for f in ("eval.md", "success.png", "success.csv", "rl/h3/curve.csv", "rl/h6/curve.csv", "promotion.json", "data_docs/index.html"):
+    for f in ("eval.md", "eval.html", "success.png", "passk.png", "curves.png", "passk.csv", "success.csv", "rl/h3/curve.csv", "rl/h6/curve.csv", "promotion.json", "data_docs/index.html"):
         assert (dst / "reports" / f).is_file(), f
     manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood")]
     ids = [t["task_id"] for m in manifests for t in m["tasks"]]
@@ -107,6 +113,9 @@ def test_mlflow_holds_pipeline_run_children_and_champion(repo):
     champion = client.get_model_version_by_alias("agentkiln-policy", "champion")
     assert champion.tags["lineage.params_hash"]
     assert any(k.startswith("lineage.data.") for k in champion.tags)
+    panel = json.loads((dst / "data/tasks/test/manifest.json").read_text())["sha256"][:16]
+    assert champion.tags["eval.panel"] == panel and len(champion.tags["eval.outcomes"]) == 4
+    assert champion.tags["stage"] in {"sft", "rl@h6", "distill"} and champion.tags["lineage.git_commit"]
 
 
 def test_second_repro_runs_nothing_and_evaluate_param_reruns_only_evaluate(repo):

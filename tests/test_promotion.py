@@ -4,41 +4,56 @@ import dataclasses
 
 import pytest
 
-from agentkiln.registry.promotion import Decision, decide, pick_candidate
+from agentkiln.registry.promotion import Decision, Guard, gate, pick_candidate
+
+# Per-task outcomes on a 100-task panel, made by hand.
+CHAMP = [1] * 50 + [0] * 50  # 50%
+BETTER = [1] * 50 + [1] * 30 + [0] * 20  # 80%: wins every task the champion wins, and 30 more
+SLIGHTLY = [1] * 50 + [1] + [0] * 49  # 51%: one task more, far inside the noise
+WORSE = [1] * 40 + [0] * 60
 
 
 def test_no_champion_always_promotes():
-    d = decide(0.0, None, 0.0)
+    d = gate([0, 0, 1], None)
     assert d.promote and "no champion" in d.reason
-    assert decide(0.1, None, 0.5).promote  # the margin only applies against a champion
+    assert gate([0], None, margin=0.5).promote  # the margin only applies against a champion
 
 
-@pytest.mark.parametrize(
-    "challenger,champion,margin,expected",
-    [
-        (0.70, 0.60, 0.0, True),  # better
-        (0.60, 0.60, 0.0, False),  # tie keeps the champion
-        (0.59, 0.60, 0.0, False),  # worse
-        (0.70, 0.60, 0.05, True),  # +0.10 >= 0.05
-        (0.70, 0.60, 0.10, True),  # +0.10 >= 0.10 exactly (despite 0.7 - 0.6 = 0.0999...)
-        (0.69, 0.60, 0.10, False),  # +0.09 < 0.10
-        (0.60, 0.60, 0.01, False),
-        (1.00, 0.00, 1.00, True),
-        (0.3 + 0.3, 0.5, 0.1, True),  # 0.6000000000000001 - 0.5 >= 0.1
-    ],
-)
-def test_gate(challenger, champion, margin, expected):
-    assert decide(challenger, champion, margin).promote is expected
+def test_a_clearly_better_challenger_is_promoted_with_its_paired_ci():
+    d = gate(BETTER, CHAMP)
+    assert d.promote and d.diff == pytest.approx(0.30)
+    assert 0 < d.ci_low < 0.30 < d.ci_high <= 0.45
+    assert "0.8000" in d.reason and "0.5000" in d.reason and "+0.3000" in d.reason and "promoted" in d.reason
 
 
-def test_reason_states_the_numbers():
-    d = decide(0.6875, 0.625, 0.0)
-    assert d.promote
-    assert "0.6875" in d.reason and "0.6250" in d.reason and "+0.0625" in d.reason
-    d = decide(0.5, 0.5, 0.0)
-    assert not d.promote and "tie" in d.reason and "not promoted" in d.reason
-    d = decide(0.65, 0.6, 0.1)
-    assert not d.promote and "0.1000" in d.reason and "+0.0500" in d.reason
+def test_identical_differences_give_a_degenerate_ci():
+    d = gate([1] * 10, [0] * 10)  # every task +1: every bootstrap mean is exactly 1
+    assert d.promote and (d.diff, d.ci_low, d.ci_high) == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("challenger,why", [(CHAMP, "<= 0"), (WORSE, "<= 0"), (SLIGHTLY, "not above 0")])
+def test_a_worse_tied_or_insignificant_challenger_is_refused(challenger, why):
+    d = gate(challenger, CHAMP)
+    assert not d.promote and why in d.reason and d.reason.endswith("not promoted")
+
+
+def test_insignificant_gain_is_refused_even_though_it_is_higher():
+    d = gate(SLIGHTLY, CHAMP)
+    assert d.diff == pytest.approx(0.01) and d.ci_low <= 0 < d.ci_high and not d.promote
+
+
+@pytest.mark.parametrize("margin,expected", [(0.0, True), (0.2, True), (0.3, True), (0.31, False)])
+def test_margin(margin, expected):
+    assert gate(BETTER, CHAMP, margin=margin).promote is expected  # diff is +0.30 (0.3 exactly passes)
+
+
+def test_a_regressed_guard_blocks_promotion():
+    guards = [Guard("ood_success", 0.20, 0.30, tolerance=0.05), Guard("invalid_rate", 0.01, 0.02, higher_is_better=False)]
+    d = gate(BETTER, CHAMP, guards=guards)
+    assert not d.promote and d.failed_guards == ("ood_success",) and "REGRESSED" in d.reason
+    ok = [Guard("ood_success", 0.26, 0.30, tolerance=0.05), Guard("invalid_rate", 0.02, 0.02, higher_is_better=False)]
+    assert gate(BETTER, CHAMP, guards=ok).promote
+    assert not gate(BETTER, CHAMP, guards=[Guard("invalid_rate", 0.05, 0.02, higher_is_better=False)]).promote
 
 
 def test_decision_is_frozen():
@@ -47,10 +62,13 @@ def test_decision_is_frozen():
         d.promote = False
 
 
-@pytest.mark.parametrize("args", [(0.5, 0.4, -0.1), (float("nan"), 0.4, 0.0), (0.5, float("nan"), 0.0)])
-def test_rejects_nonsense(args):
+@pytest.mark.parametrize("kwargs", [dict(challenger=[1], champion=[1], margin=-0.1),
+                                    dict(challenger=[float("nan")], champion=[1]),
+                                    dict(challenger=[], champion=None),
+                                    dict(challenger=[1, 0], champion=[1, 0, 1])])
+def test_rejects_nonsense(kwargs):
     with pytest.raises(ValueError):
-        decide(*args)
+        gate(**kwargs)
 
 
 def test_pick_highest():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from agentkiln.evaluation.report import summary_line, write_reports
+from agentkiln.evaluate.report import summary_line, write_reports
 
 
 def _metrics():

@@ -181,6 +181,7 @@ def test_unwinnable_tasks_are_retried_then_fail_clearly(tmp_path, monkeypatch):
 def test_a_panel_from_other_environment_code_is_refused(runs, tmp_path):
     import shutil
 
+    from agentkiln.evaluate.panels import seal
     from agentkiln.stages.common import load_split
 
     (root, _), _ = runs
@@ -188,9 +189,39 @@ def test_a_panel_from_other_environment_code_is_refused(runs, tmp_path):
     shutil.copytree(root / "test", tmp_path / "test")
     m = manifest(root, "test")
     m["env_versions"]["sokoban"] = "sokoban-agentkiln-000000000000"
-    (tmp_path / "test" / "manifest.json").write_text(json.dumps(m))
+    (tmp_path / "test" / "manifest.json").write_text(json.dumps(seal(m)))  # sealed: only the version differs
     with pytest.raises(ValueError, match=r"sokoban tasks were made by environment version sokoban-agentkiln-0+, the code is"):
         load_split(tmp_path, "test")
     (tmp_path / "test" / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a valid task manifest"):
         load_split(tmp_path, "test")
+
+
+def test_a_tampered_panel_is_refused(runs, tmp_path):
+    """Frozen panels: any edit of a sealed manifest (a task's seed, a task dropped, the seal removed)
+    is refused before the panel is played; restoring the bytes makes it valid again."""
+    import shutil
+
+    from agentkiln.evaluate.panels import load_manifest, panel_id
+    from agentkiln.stages.common import load_split
+
+    (root, _), _ = runs
+    shutil.copytree(root / "test", tmp_path / "test")
+    path = tmp_path / "test" / "manifest.json"
+    original = path.read_text()
+    assert panel_id(tmp_path) == load_manifest(root, "test")["sha256"][:16]
+    for tamper in (lambda m: m["tasks"][0].update(seed=m["tasks"][0]["seed"] + 1),
+                   lambda m: m["tasks"].pop(),
+                   lambda m: m["tasks"][1]["data"].update(tampered=True)):
+        m = json.loads(original)
+        tamper(m)
+        path.write_text(json.dumps(m))
+        with pytest.raises(ValueError, match=r"test/manifest.json: the manifest was modified after it was frozen"):
+            load_split(tmp_path, "test")
+    m = json.loads(original)
+    del m["sha256"]
+    path.write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="has no sha256 field"):
+        load_split(tmp_path, "test")
+    path.write_text(original)
+    assert [t.task_id for t in load_split(tmp_path, "test")] == [t["task_id"] for t in m["tasks"]]

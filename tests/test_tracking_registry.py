@@ -285,3 +285,35 @@ def test_register_promote_and_serve(store):
 def test_register_candidate_refuses_a_missing_dir(store, tmp_path):
     with pytest.raises(FileNotFoundError):
         mr.register_candidate(tmp_path / "nope", "x", {}, {})
+
+
+def test_rollback_restores_the_previous_champion_and_walks_back_the_chain(store):
+    name = "agentkiln-policy-rollback"
+    tmp = store["tmp"]
+    dirs = [_tiny_policy(tmp / f"r{i}", i) for i in range(3)]
+    with tracking.pipeline_run():
+        with tracking.stage_run("promote"):
+            vs = [mr.register_candidate(d, name, {"candidate": f"c{i}"}, {"success": 0.1 * i}) for i, d in enumerate(dirs)]
+            with pytest.raises(RuntimeError, match="no champion and previous"):
+                mr.rollback(name)  # nothing promoted yet: refused, nothing changed
+            for v in vs:
+                mr.promote(name, v)
+    assert mr.aliases(name) == {"champion": "3", "previous": "2", "challenger": "3"}
+    assert mr.rollback(name) == ("3", "2")
+    assert mr.aliases(name) == {"champion": "2", "previous": "1", "challenger": "3"}
+    client = mlflow.MlflowClient()
+    assert client.get_model_version(name, "3").tags["rolled_back"] == "true"
+    assert mr.rollback(name) == ("2", "1")
+    assert mr.aliases(name) == {"champion": "1", "challenger": "3"}  # start of the chain: no previous left
+    with pytest.raises(RuntimeError, match="nothing was changed"):
+        mr.rollback(name)
+    # the restored champion is what `models:/<name>@champion` now loads: v1's weights
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    local = mr.download_policy(f"models:/{name}@champion", tmp / "dl")
+    a = AutoModelForCausalLM.from_pretrained(local).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(dirs[0]).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    with pytest.raises(FileNotFoundError, match="not found in the registry"):
+        mr.download_policy("models:/no-such-model@champion", tmp / "dl2")

@@ -226,24 +226,70 @@ class RLSection(_Strict):
 
 
 class DistillParams(_Strict):
+    """The distill stage (docs/distillation.md): `trajectory` SFTs the student on the teacher's won
+    episodes; `forward-kl` matches the teacher's token distributions on its episodes; `on-policy`
+    (GKD) lets the student play and minimises the reverse KL to the teacher on its own tokens."""
+
+    mode: Literal["trajectory", "forward-kl", "on-policy"] = Field(
+        "trajectory", description="trajectory: SFT on the teacher's won episodes (any tokenizer); forward-kl: "
+        "KL(teacher || student) on teacher episodes; on-policy: KL(student || teacher) on student episodes "
+        "(both token-level modes need the teacher's tokenizer)")
     student: ModelParams = ModelParams(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
-    samples_per_task: int = Field(4, ge=1)
-    temperature: float = Field(0.7, gt=0)
+    samples_per_task: int = Field(4, ge=1, description="episodes per task: the teacher's (trajectory, forward-kl, "
+                                  "on-policy warm start) and the student's in each on-policy round")
+    temperature: float = Field(0.7, gt=0, description="sampling temperature of those episodes")
     max_turns: int | None = Field(None, ge=1, description=TURNS)
-    epochs: int = Field(8, ge=1)
-    batch_size: int = Field(32, ge=1)
+    epochs: int = Field(8, ge=1, description="passes over the teacher's episodes (trajectory, forward-kl)")
+    batch_size: int = Field(32, ge=1, description="turns per optimizer step")
     lr: float = Field(3e-3, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(20, ge=0, description="linear lr warm-up, then cosine (trajectory, forward-kl, "
+                              "warm start)")
     max_grad_norm: float = Field(1.0, gt=0)
+    # token-level modes
+    kd_temperature: float = Field(1.0, gt=0, description="softmax temperature of both distributions in the KL "
+                                  "(forward-kl, on-policy); the loss is scaled by its square")
+    kd_support: Literal["vocabulary", "admissible"] = Field(
+        "vocabulary", description="KL over the whole vocabulary, or over the tokens constrained decoding allowed "
+        "at that position (both distributions renormalised there)")
+    only_successful: bool = Field(True, description="forward-kl: train on won teacher episodes only (else all)")
+    # on-policy
+    warmup_epochs: int = Field(0, ge=0, description="on-policy: trajectory-mode SFT epochs before the rounds")
+    iterations: int = Field(20, ge=1, description="on-policy: rounds of student sampling + one reverse-KL pass")
+    tasks_per_iter: int = Field(16, ge=1, description="on-policy: tasks the student plays per round")
+    onpolicy_lr: float | None = Field(None, gt=0, lt=1, description="on-policy rounds' constant lr; null: lr")
+
+
+class PassKParams(_Strict):
+    """pass@k on the test panel: `samples` episodes per task at `temperature`, k = 1, 2, 4, ... <= samples."""
+
+    samples: int = Field(4, ge=1, le=64, description="n sampled episodes per task (pass@k for k <= n)")
+    temperature: float = Field(1.0, gt=0)
+    policies: list[Literal["sft", "rl", "distilled"]] = Field(["sft", "rl"], description="[] turns pass@k off")
 
 
 class EvaluateParams(_Strict):
     max_turns: int | None = Field(None, ge=1, description=TURNS)
     decoding: Literal["constrained", "free"] = "constrained"
-    policies: list[Literal["random", "sft", "rl", "distilled"]] = ["random", "sft", "rl", "distilled"]
+    policies: list[Literal["random", "oracle", "sft", "rl", "distilled"]] = ["random", "oracle", "sft", "rl", "distilled"]
     confidence: float = Field(0.95, gt=0, lt=1)
-    seed: int = Field(0, ge=0, description="seeds the random baseline")
+    seed: int = Field(0, ge=0, description="seeds the random baseline and the pass@k samples")
+    pass_k: PassKParams = PassKParams()
+    compare: list[tuple[str, str]] = Field(
+        [("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")],
+        description="paired comparisons (a, b) on the test panel: a - b with a bootstrap CI over tasks")
+    n_boot: int = Field(2000, ge=100, description="bootstrap resamples of the paired comparisons")
+
+    @model_validator(mode="after")
+    def _known_policies(self):
+        for a, b in self.compare:
+            for x in (a, b):
+                if x not in self.policies:
+                    raise ValueError(f"evaluate.compare: {x!r} is not one of evaluate.policies {self.policies}")
+        for x in self.pass_k.policies:
+            if x not in self.policies:
+                raise ValueError(f"evaluate.pass_k.policies: {x!r} is not one of evaluate.policies {self.policies}")
+        return self
 
 
 class PromoteParams(_Strict):
@@ -251,6 +297,9 @@ class PromoteParams(_Strict):
     candidates: list[Literal["sft", "rl", "distilled"]] = ["rl", "distilled", "sft"]
     metric: Literal["success"] = "success"
     margin: float = Field(0.0, ge=0, le=1, description="challenger must beat champion by this much")
+    guards: dict[Literal["ood_success", "invalid_rate", "mean_turns"], float] = Field(
+        {"ood_success": 0.05, "invalid_rate": 0.05},
+        description="metric -> tolerated regression vs the champion (ood_success on the OOD panel)")
 
 
 class AblationParams(_Strict):

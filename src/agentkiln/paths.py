@@ -20,6 +20,11 @@ def rl_reports(stage: str) -> Path:
     return REPORTS / "rl" / stage
 
 
+def rl_curves(params) -> dict[str, Path]:
+    """Every RL stage's learning curve, in stage order."""
+    return {name: rl_reports(name) / "curve.csv" for name in params.rl.stages}
+
+
 def model_dirs(params) -> dict[str, Path]:
     """The pipeline's named policies; `rl` is the last RL stage's model."""
     return {"sft": SFT_MODEL, "rl": RL_MODELS / params.rl.final, "distilled": DISTILLED_MODEL}

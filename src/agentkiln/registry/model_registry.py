@@ -23,7 +23,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 CHALLENGER, CHAMPION, PREVIOUS = "challenger", "champion", "previous"
 DESCRIPTION = (
     "agentkiln policy: a causal LM that plays TextWorld games, trained by the agentkiln pipeline "
-    "(SFT on expert walkthroughs -> GRPO RL -> distillation). Aliases: champion = serving, "
+    "(SFT on expert walkthroughs -> multi-stage RL -> distillation). Aliases: champion = serving, "
     "challenger = latest candidate, previous = the champion before the last promotion. "
     "Version tags hold lineage (git commit, params hash, DVC data hashes) and evaluation scores."
 )
@@ -186,12 +186,57 @@ def champion(name: str) -> tuple[str, dict[str, str]] | None:
 
 
 def promote(name: str, version: str) -> None:
-    """Alias `version` as champion; the old champion (if any, and different) becomes `previous`."""
+    """Alias `version` as champion; the old champion (if any, and different) becomes `previous`.
+    The new champion's tag `promoted_over` remembers the version it replaced (rollback's chain)."""
     client = _client()
     current = champion(name)
     if current is not None and current[0] != str(version):
         client.set_registered_model_alias(name, PREVIOUS, current[0])
+        client.set_model_version_tag(name, str(version), "promoted_over", current[0])
     client.set_registered_model_alias(name, CHAMPION, str(version))
+
+
+def rollback(name: str) -> tuple[str, str]:
+    """Make `previous` the champion again. The demoted version is tagged `rolled_back`; `previous`
+    moves one step back along the `promoted_over` chain (or is removed at its start).
+    Returns (demoted version, restored version)."""
+    client = _client()
+    current = champion(name)
+    found = aliases(name) if current is not None else {}
+    if current is None or PREVIOUS not in found:
+        raise RuntimeError(f"registered model {name!r} has no champion and previous to roll back between "
+                           f"(aliases: {found}); nothing was changed")
+    demoted, restored = current[0], found[PREVIOUS]
+    client.set_registered_model_alias(name, CHAMPION, restored)
+    client.set_model_version_tag(name, demoted, "rolled_back", "true")
+    before = dict(client.get_model_version(name, restored).tags).get("promoted_over")
+    if before:
+        client.set_registered_model_alias(name, PREVIOUS, before)
+    else:
+        client.delete_registered_model_alias(name, PREVIOUS)
+    return demoted, restored
+
+
+def download_policy(uri: str, dst: str | Path | None = None) -> Path:
+    """The policy directory of a registered model version (`models:/<name>@<alias>` or
+    `models:/<name>/<version>`), downloaded from the registry's artifact store."""
+    import tempfile
+
+    dst = Path(dst or tempfile.mkdtemp(prefix="agentkiln-model-"))
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst))
+    except MlflowException as e:
+        raise FileNotFoundError(f"{uri}: not found in the registry at {mlflow.get_tracking_uri()} ({e.message})") from e
+    import yaml
+
+    mlmodel = yaml.safe_load((Path(local) / "MLmodel").read_text())
+    try:  # where log_model put the `policy` artifact (artifacts/<directory name>)
+        policy = Path(local) / mlmodel["flavors"]["python_function"]["artifacts"]["policy"]["path"]
+    except (KeyError, TypeError):
+        raise FileNotFoundError(f"{uri}: not an agentkiln policy model (its MLmodel has no `policy` artifact)") from None
+    if not (policy / "config.json").is_file():
+        raise FileNotFoundError(f"{uri}: the downloaded model has no policy directory at {policy}")
+    return policy
 
 
 def aliases(name: str) -> dict[str, str]:

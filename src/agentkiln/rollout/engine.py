@@ -69,7 +69,10 @@ def run_episodes(
     active = list(range(len(envs)))
     bar = tqdm(total=max(e.max_turns for e in envs), desc=progress, leave=False, disable=progress is None)
     while active:
-        gens = agent.act([states[i][0] for i in active])
+        if getattr(agent, "needs_env", False):  # the oracle reads the environment, not the text
+            gens = agent.act([states[i][0] for i in active], [envs[i] for i in active])
+        else:
+            gens = agent.act([states[i][0] for i in active])
         still = []
         for i, gen in zip(active, gens):
             state, anchor = states[i]

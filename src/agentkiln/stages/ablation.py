@@ -22,7 +22,7 @@ import torch
 
 from agentkiln import paths
 from agentkiln.config import Params
-from agentkiln.evaluation.stats import bootstrap_mean, paired_difference
+from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
 from agentkiln.policy import load_policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
@@ -94,7 +94,7 @@ def run_job(params: Params, arm: str, seed: int, tasks_dir: Path, threads: int |
 def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=None) -> dict:
     """Run every arm x seed (`ablation.workers` at a time, one torch thread each when more than one);
     write reports/ablation.{json,md,png}. `log_run(arm, seed, metrics, curve)` records each run."""
-    from agentkiln.evaluation.ablation_report import write_ablation_reports
+    from agentkiln.evaluate.ablation_report import write_ablation_reports
 
     a = params.ablation
     panel = load_split(tasks_dir, a.panel)

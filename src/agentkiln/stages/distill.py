@@ -1,39 +1,78 @@
-"""Trajectory distillation: a smaller student learns from the RL teacher's successful episodes."""
+"""Distillation: a smaller student learns from the RL teacher, in one of three modes (docs/distillation.md).
+
+- `trajectory`: SFT on the teacher's successful episodes (rejection sampling); any student tokenizer.
+- `forward-kl`: KL(teacher || student) at every reply token of the teacher's episodes.
+- `on-policy`: optional trajectory warm start, then rounds of student sampling scored by the teacher,
+  KL(student || teacher) on the student's own tokens (GKD).
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from agentkiln.config import Params
+from agentkiln.config import DistillParams, Params
 from agentkiln.policy import Policy, load_policy, save_policy
 from agentkiln.policy.model import build_scratch_model
 from agentkiln.rollout.agents import PolicyAgent
-from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.engine import Episode, run_episodes
 from agentkiln.stages.common import load_split
 from agentkiln.stages.sft import optim_config
+from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy, turn_samples
 from agentkiln.trainers.supervised import samples_from_states, train_supervised
+
+
+def build_student(p: DistillParams, teacher: Policy, seed: int) -> Policy:
+    if p.student.source == "scratch":  # the teacher's tokenizer and prompt format
+        return Policy(build_scratch_model(p.student, teacher.tokenizer, seed=seed), teacher.tokenizer, teacher.fmt)
+    return load_policy(p.student.source, teacher.fmt)
+
+
+def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, seed: int) -> list[Episode]:
+    """`samples_per_task` teacher episodes per task at `temperature` (the same in every mode)."""
+    agent = PolicyAgent(teacher, temperature=p.temperature, seed=seed)
+    return run_episodes(agent, pool, tasks_dir, p.max_turns, group_size=p.samples_per_task, progress="teacher rollouts")
 
 
 def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Path, log=None) -> dict:
     p = params.distill
     teacher = load_policy(teacher_dir)
+    student = build_student(p, teacher, params.seed)
+    if p.mode != "trajectory":
+        shared_vocab(teacher, student, p.mode)  # fail before any rollout
     pool = load_split(tasks_dir, "sft") + load_split(tasks_dir, "rl")  # training pools only
-    agent = PolicyAgent(teacher, temperature=p.temperature, seed=params.seed)
-    episodes = run_episodes(agent, pool, tasks_dir, p.max_turns, group_size=p.samples_per_task, progress="teacher rollouts")
-    kept = [e for e in episodes if e.won]  # rejection sampling
-    pairs = [(t.state, t.gen.action) for e in kept for t in e.turns]
-    if p.student.source == "scratch":
-        student = Policy(build_scratch_model(p.student, teacher.tokenizer, seed=params.seed), teacher.tokenizer, teacher.fmt)
-    else:
-        student = load_policy(p.student.source, teacher.fmt)
-    samples = samples_from_states(student, pairs)
-    history = train_supervised(student, samples, optim_config(p), seed=params.seed, log=log, desc="distill")
+    report: dict = {"mode": p.mode, "teacher_params": teacher.n_params(), "student_params": student.n_params()}
+
+    sft_epochs = {"trajectory": p.epochs, "forward-kl": 0, "on-policy": p.warmup_epochs}[p.mode]
+    if sft_epochs or p.mode == "forward-kl":
+        episodes = teacher_episodes(teacher, pool, tasks_dir, p, params.seed)
+        won = [e for e in episodes if e.won]
+        report |= {"teacher_episodes": len(episodes), "teacher_sample_success": len(won) / max(1, len(episodes))}
+
+    if sft_epochs:  # trajectory mode, or on-policy's warm start
+        pairs = [(t.state, t.gen.action) for e in won for t in e.turns]  # rejection sampling
+        samples = samples_from_states(student, pairs)
+        cfg = replace(optim_config(p), epochs=sft_epochs)
+        desc = "distill" if p.mode == "trajectory" else "distill-warmup"
+        history = train_supervised(student, samples, cfg, seed=params.seed, log=log, desc=desc)
+        if p.mode == "trajectory":
+            report |= {"n_samples": len(samples), "final_loss": history[-1]["loss"]}
+        else:
+            report |= {"warmup_samples": len(samples), "warmup_final_loss": history[-1]["loss"]}
+
+    if p.mode == "forward-kl":
+        kept = won if p.only_successful else episodes
+        samples = turn_samples(kept)
+        history = train_forward_kl(student, teacher, samples, optim_config(p), KDConfig(p.kd_temperature, p.kd_support),
+                                   seed=params.seed, log=log)
+        report |= {"kept_episodes": len(kept), "n_samples": len(samples), "n_tokens": history[-1]["tokens"],
+                   "final_loss": history[-1]["loss"], "final_teacher_logprob": history[-1]["teacher_logprob"]}
+
+    if p.mode == "on-policy":
+        rounds = train_on_policy(student, teacher, pool, tasks_dir, p, seed=params.seed, log=log)
+        report |= {"student_episodes": sum(r["episodes"] for r in rounds),
+                   "n_samples": sum(r["turns"] for r in rounds), "n_tokens": sum(r["tokens"] for r in rounds),
+                   "final_loss": rounds[-1]["loss"], "final_success": rounds[-1]["success"], "rounds": rounds}
+
     save_policy(student, out_dir)
-    return {
-        "teacher_params": teacher.n_params(),
-        "student_params": student.n_params(),
-        "teacher_episodes": len(episodes),
-        "teacher_sample_success": len(kept) / max(1, len(episodes)),
-        "n_samples": len(samples),
-        "final_loss": history[-1]["loss"],
-    }
+    return report

@@ -1,52 +1,85 @@
-"""Evaluate every policy on the frozen panels: the test split (same task types as training) and,
-when synthesized, the out-of-distribution split (held-out harder types). Success with a Wilson CI,
-turns and invalid rate, overall and per family."""
+"""Evaluate every policy on the frozen panels: the test panel (task types seen in training) and,
+when synthesized, the out-of-distribution panel (held-out types), greedy; pass@k from sampled
+episodes on the test panel; paired comparisons between policies; baselines random and oracle.
+
+Outputs (reports/): metrics.json (per policy: test metrics + breakdowns + efficiency + pass@k, and
+`ood`), outcomes.json (per-task success per policy and panel: what paired comparisons and the
+promotion gate use), comparisons.json, and the human reports (evaluation/report.py).
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from agentkiln.config import Params
-from agentkiln.evaluation.report import write_reports
-from agentkiln.evaluation.stats import summarize_episodes
+from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
+from agentkiln.evaluate.harness import outcomes, pass_at_k_curve, panel_summary, play
+from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
+from agentkiln.evaluate.report import write_reports
+from agentkiln.evaluate.stats import compare_paired
 from agentkiln.policy import load_policy
-from agentkiln.rollout.agents import PolicyAgent, RandomAgent
-from agentkiln.rollout.engine import Episode, run_episodes
-from agentkiln.stages.common import load_split, split_exists
+from agentkiln.rollout.agents import PolicyAgent
 
 PANELS = ("test", "ood")
 
 
-def panel_metrics(episodes: list[Episode], families: list[str], confidence: float) -> dict:
-    """Overall metrics of a panel plus `by_family` (one entry per family, same statistics)."""
-
-    def summary(eps):
-        return summarize_episodes([e.won for e in eps], [len(e.turns) for e in eps], [e.n_invalid for e in eps],
-                                  confidence)
-
-    m = summary(episodes)
-    m["by_family"] = {f: summary([e for e, g in zip(episodes, families) if g == f]) for f in sorted(set(families))}
-    return m
+def task_levels(params: Params) -> dict[str, str]:
+    """task type -> difficulty level (easy / medium / hard), for the per-difficulty breakdown."""
+    return {name: t.level for name, t in params.synthesize.task_types.items()}
 
 
-def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], reports_dir: Path) -> dict:
+def greedy_agent(name: str, policy, params: Params):
     p = params.evaluate
-    panels = {name: load_split(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
+    if name == "random":
+        return RandomAgent(seed=p.seed)
+    if name == "oracle":
+        return OracleAgent()
+    return PolicyAgent(policy, greedy=True, decoding=p.decoding)
+
+
+def pass_k_ks(samples: int) -> list[int]:
+    ks, k = [], 1
+    while k <= samples:
+        ks.append(k)
+        k *= 2
+    return ks + ([samples] if ks[-1] != samples else [])
+
+
+def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], reports_dir: Path,
+                 curves: dict[str, Path] | None = None) -> dict:
+    p = params.evaluate
+    levels = task_levels(params)
+    panels = {name: load_panel(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
     metrics: dict[str, dict] = {}
+    per_task: dict[str, dict] = {}
     for name in p.policies:
-        if name == "random":
-            n_params = None
-        else:
-            policy = load_policy(model_dirs[name])
-            n_params = policy.n_params()
+        policy = None if name in ("random", "oracle") else load_policy(model_dirs[name])
         for panel, tasks in panels.items():
             # a fresh agent per panel: the random baseline's draws do not depend on which panels exist
-            agent = RandomAgent(seed=p.seed) if name == "random" else PolicyAgent(policy, greedy=True, decoding=p.decoding)
-            episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=f"eval {name} {panel}")
-            m = panel_metrics(episodes, [t.family for t in tasks], p.confidence)
+            recs = play(greedy_agent(name, policy, params), tasks, tasks_dir, p.max_turns, levels=levels,
+                        panel=panel, progress=f"eval {name} {panel}")
+            m = panel_summary(recs, p.confidence)
+            per_task.setdefault(name, {})[panel] = {r["task_id"]: int(r["won"]) for r in recs}
             if panel == "test":
-                metrics[name] = m | {"n_params": n_params}
+                metrics[name] = m | {"n_params": policy.n_params() if policy else None}
             else:
                 metrics[name][panel] = m
-    write_reports(metrics, reports_dir)
+        if name in p.pass_k.policies:
+            agent = PolicyAgent(policy, temperature=p.pass_k.temperature, seed=p.seed, decoding=p.decoding)
+            recs = play(agent, panels["test"], tasks_dir, p.max_turns, samples=p.pass_k.samples, levels=levels,
+                        panel="test", progress=f"pass@k {name}")
+            metrics[name]["pass_at_k"] = {str(k): v for k, v in pass_at_k_curve(recs, pass_k_ks(p.pass_k.samples)).items()}
+            metrics[name]["pass_at_k_samples"] = p.pass_k.samples
+    comparisons = []
+    for a, b in p.compare:
+        ta, tb = per_task[a]["test"], per_task[b]["test"]
+        c = compare_paired([ta[t] for t in ta], [tb[t] for t in ta], p.confidence, p.n_boot, p.seed)
+        comparisons.append({"a": a, "b": b, **c})
+    panel_ids = {panel: panel_id(tasks_dir, panel) for panel in panels}
+    reports_dir = Path(reports_dir)
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    (reports_dir / "outcomes.json").write_text(json.dumps({"panels": panel_ids, "outcomes": per_task},
+                                                          indent=1, sort_keys=True) + "\n")
+    write_reports(metrics, reports_dir, comparisons=comparisons, curves=curves, panels=panel_ids)
     return metrics

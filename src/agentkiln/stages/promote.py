@@ -1,70 +1,96 @@
-"""Promotion: register the best candidate as `challenger`; make it `champion` only if it beats the
-current champion on the same frozen panel by the margin. The decision itself is the pure
-`agentkiln.registry.promotion.decide`; this module performs the registry side effects.
+"""Promotion: register the best candidate as `challenger` with its lineage and per-task scores;
+make it `champion` only if the gate (`agentkiln.registry.promotion.gate`) says it beats the current
+champion on the same frozen panel: by the margin, with the paired CI above zero, no guard regressed.
+This module performs the registry side effects; the rule itself is pure and tested apart.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import mlflow
 
 from agentkiln.config import Params
+from agentkiln.evaluate.panels import panel_id
 from agentkiln.registry.lineage import lineage_tags
 from agentkiln.registry.model_registry import champion, promote, register_candidate
-from agentkiln.registry.promotion import decide, pick_candidate
+from agentkiln.registry.promotion import Guard, gate, pick_candidate
+
+LOWER_IS_BETTER = {"invalid_rate", "mean_turns"}
 
 
-def panel_id(tasks_dir: Path) -> str:
-    """Identity of the frozen test panel: scores on different panels are never compared."""
-    return hashlib.sha256((Path(tasks_dir) / "test" / "manifest.json").read_bytes()).hexdigest()[:16]
+def stage_of(name: str, params: Params) -> str:
+    """The DVC stage that produced a candidate."""
+    return {"sft": "sft", "rl": f"rl@{params.rl.final}", "distilled": "distill"}.get(name, name)
+
+
+def guard_value(metrics: dict, metric: str) -> float | None:
+    if metric == "ood_success":
+        return metrics.get("ood", {}).get("success")
+    return metrics.get(metric)
+
+
+def encode_outcomes(per_task: dict[str, int]) -> str:
+    """Per-task outcomes as a string of 0/1 in task-id order: fits a registry tag (<= 5000 chars)."""
+    return "".join(str(int(per_task[t])) for t in sorted(per_task))
+
+
+def read_reports(reports_dir: Path) -> tuple[dict, dict]:
+    reports_dir = Path(reports_dir)
+    for f in ("metrics.json", "outcomes.json"):
+        if not (reports_dir / f).is_file():
+            raise FileNotFoundError(f"{reports_dir / f}: missing; run the pipeline (dvc repro) before promotion")
+    return json.loads((reports_dir / "metrics.json").read_text()), json.loads((reports_dir / "outcomes.json").read_text())
 
 
 def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, model_dirs: dict[str, Path]) -> dict:
-    p = params.promote
-    metrics_file = Path(reports_dir) / "metrics.json"
-    if not metrics_file.is_file():
-        raise FileNotFoundError(f"{metrics_file}: missing; run the pipeline (dvc repro) before promotion")
-    metrics = json.loads(metrics_file.read_text())
+    p, ev = params.promote, params.evaluate
+    metrics, outcomes = read_reports(reports_dir)
+    panel = panel_id(tasks_dir, "test")
+    if outcomes["panels"].get("test") != panel:
+        raise ValueError(f"{Path(reports_dir) / 'outcomes.json'}: scored on panel {outcomes['panels'].get('test')}, "
+                         f"data/tasks/test is panel {panel}; re-run the evaluate stage (dvc repro evaluate)")
     name = pick_candidate(metrics, list(p.candidates), p.metric)
-    score = float(metrics[name][p.metric])
-    panel = panel_id(tasks_dir)
+    m = metrics[name]
+    bits = encode_outcomes(outcomes["outcomes"][name]["test"])
     run = mlflow.active_run()
-    tags = lineage_tags(
-        root,
-        {
-            "candidate": name,
-            "eval.panel": panel,
-            f"eval.{p.metric}": f"{score:.4f}",
-            "eval.ci_low": f"{metrics[name]['ci_low']:.4f}",
-            "eval.ci_high": f"{metrics[name]['ci_high']:.4f}",
-            "mlflow_run": run.info.run_id if run else "none",
-        },
-    )
-    version = register_candidate(Path(model_dirs[name]), p.model_name, tags, {p.metric: score})
+    extra = {
+        "candidate": name,
+        "stage": stage_of(name, params),
+        "eval.panel": panel,
+        f"eval.{p.metric}": f"{m[p.metric]:.4f}",
+        "eval.ci_low": f"{m['ci_low']:.4f}",
+        "eval.ci_high": f"{m['ci_high']:.4f}",
+        "eval.outcomes": bits,
+        "mlflow_run": run.info.run_id if run else "none",
+    }
+    for g in p.guards:
+        if (v := guard_value(m, g)) is not None:
+            extra[f"eval.{g}"] = f"{v:.4f}"
+    version = register_candidate(Path(model_dirs[name]), p.model_name, lineage_tags(root, extra), {p.metric: m[p.metric]})
+    result = {"candidate": name, "version": version, "score": m[p.metric], "panel": panel}
     current = champion(p.model_name)
-    champ_score = None
+    champ_outcomes, guards = None, []
     if current is not None:
         champ_version, champ_tags = current
-        if champ_tags.get("eval.panel") == panel and f"eval.{p.metric}" in champ_tags:
-            champ_score = float(champ_tags[f"eval.{p.metric}"])
-        else:
-            # A champion scored on another panel is not comparable: this walking version refuses to
-            # compare and keeps it, saying so (re-evaluating it on this panel is the fix).
-            return {
-                "candidate": name, "version": version, "promoted": False, "champion_version": champ_version,
-                "reason": f"champion v{champ_version} was scored on another panel; re-evaluate it on {panel}",
-            }
-    decision = decide(score, champ_score, p.margin)
-    if decision.promote:
+        result["champion_version"] = champ_version
+        if champ_version == version:  # cannot happen (a new version), but never compare a model with itself
+            raise RuntimeError(f"new version {version} is already the champion")
+        if champ_tags.get("eval.panel") != panel or "eval.outcomes" not in champ_tags:
+            # Scores on another panel are not comparable: refuse and say how to fix it.
+            return result | {"promoted": False, "reason": f"champion v{champ_version} was not scored on panel {panel}; "
+                             "re-evaluate it on this panel (python -m agentkiln.evaluate --model "
+                             f"models:/{p.model_name}@champion) or roll back"}
+        champ_outcomes = [int(c) for c in champ_tags["eval.outcomes"]]
+        result["champion_score"] = sum(champ_outcomes) / len(champ_outcomes)
+        for g, tol in p.guards.items():
+            mine, theirs = extra.get(f"eval.{g}"), champ_tags.get(f"eval.{g}")
+            if mine is not None and theirs is not None:
+                guards.append(Guard(g, float(mine), float(theirs), tol, higher_is_better=g not in LOWER_IS_BETTER))
+    challenger = [int(c) for c in bits]
+    d = gate(challenger, champ_outcomes, p.margin, guards, ev.confidence, ev.n_boot, ev.seed)
+    if d.promote:
         promote(p.model_name, version)
-    return {
-        "candidate": name,
-        "version": version,
-        "score": score,
-        "champion_score": champ_score,
-        "promoted": decision.promote,
-        "reason": decision.reason,
-    }
+    return result | {"promoted": d.promote, "reason": d.reason, "diff": d.diff, "ci_low": d.ci_low, "ci_high": d.ci_high,
+                     "failed_guards": list(d.failed_guards)}

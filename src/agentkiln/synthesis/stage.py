@@ -27,6 +27,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from agentkiln.config import SPLITS, SynthesizeParams
+from agentkiln.evaluate.panels import seal
 from agentkiln.schemas import validate_expert_trajectories, validate_task_table
 from agentkiln.synthesis.generate import MAX_RETRIES, SEED_STRIDE, build, env_version, task_seed
 
@@ -127,7 +128,7 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
             manifest = {"split": split, "seed": sp.seed, "env_versions": {f: versions[f] for f in
                         sorted({t["family"] for t in tasks})}, "n_tasks": len(tasks), "tasks": tasks}
             (out_dir / split).mkdir()
-            (out_dir / split / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            (out_dir / split / "manifest.json").write_text(json.dumps(seal(manifest), indent=2, sort_keys=True) + "\n")
             task_rows += [_task_row(split, t, versions[t["family"]]) for t in tasks]
             if split in ("sft", "rl"):  # the panels' solutions are never training data
                 for r in results:

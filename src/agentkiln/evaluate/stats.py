@@ -90,3 +90,34 @@ def paired_difference(a, b, confidence: float = 0.95, n_boot: int = 2000, seed: 
     if a.shape != b.shape:
         raise ValueError(f"paired_difference needs outcomes on the same cells, got shapes {a.shape} and {b.shape}")
     return bootstrap_mean(a - b, confidence, n_boot, seed)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c succeeded (Chen et al., 2021):
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+
+    computed as 1 - prod_{i = n-c+1}^{n} (1 - k / i), which never forms the large binomials.
+    """
+    if not (isinstance(n, int) and isinstance(c, int) and isinstance(k, int)):
+        raise TypeError(f"pass_at_k needs integers, got n={n!r}, c={c!r}, k={k!r}")
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n (k samples drawn from n), got k={k}, n={n}")
+    if n - c < k:  # every draw of k contains a success
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def compare_paired(a, b, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Policy a vs policy b on the same panel (per-task outcomes in the same order, or [seeds, tasks]):
+    the mean difference a - b with a paired bootstrap CI over tasks. `significant` when the CI
+    excludes 0; `better` names the policy the CI favours ("a", "b" or None)."""
+    diff, lo, hi = paired_difference(a, b, confidence, n_boot, seed)
+    better = "a" if lo > 0 else "b" if hi < 0 else None
+    return {"diff": diff, "ci_low": lo, "ci_high": hi, "significant": better is not None, "better": better,
+            "confidence": confidence}

@@ -1,0 +1,132 @@
+"""Evaluate any policy on any frozen panel with one command.
+
+    python -m agentkiln.evaluate --model models:/agentkiln-policy@champion --panel test
+    python -m agentkiln.evaluate --model sft --model rl --panel ood --samples 8   # + paired comparison, pass@k
+    python -m agentkiln.evaluate --model models/checkpoints/rl/main --play 2      # a checkpoint; show 2 episodes
+
+A model is `random` or `oracle` (baselines), a pipeline name (`sft`, `rl`, `distilled`), a registry
+URI (`models:/<name>@<alias>` or `models:/<name>/<version>`), a saved policy directory, or an RL
+checkpoint directory (its starting model comes from params.yaml, or --init). The panel's manifest
+is checked first: a tampered panel or one from other environment code is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from agentkiln import paths
+
+
+def resolve_policy(source: str, params, init: str | None = None):
+    """A Policy from any of the sources above (None for the baselines)."""
+    import torch
+
+    from agentkiln.policy import load_policy
+
+    if source in ("random", "oracle"):
+        return None
+    if source in ("sft", "rl", "distilled"):
+        path = paths.model_dirs(params)[source]
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: the {source} model is missing; run `dvc repro` (or `dvc pull`) first")
+        return load_policy(path)
+    if source.startswith("models:/"):
+        from agentkiln import tracking
+        from agentkiln.registry.model_registry import download_policy
+
+        tracking.setup()
+        return load_policy(download_policy(source))
+    path = Path(source)
+    if (path / "state.pt").is_file():  # an RL checkpoint: weights on top of the stage's starting model
+        start = Path(init) if init else paths.model_dir(params.rl.stage(path.name).init)
+        policy = load_policy(start)
+        policy.model.load_state_dict(torch.load(path / "state.pt", weights_only=False)["policy"])
+        return policy
+    if (path / "config.json").is_file():
+        return load_policy(path)
+    raise FileNotFoundError(f"{source}: not a baseline, pipeline model, models:/ URI, policy directory or RL checkpoint")
+
+
+def transcript(episode) -> str:
+    lines = [f"--- {episode.task_id} ({episode.family}): {'won' if episode.won else 'lost'} in {len(episode.turns)} turns"]
+    for i, t in enumerate(episode.turns, 1):
+        lines.append(f"[{i}] {t.state.observation.strip()[:300]}")
+        lines.append(f"    > {t.gen.action}{'  (invalid)' if t.invalid else ''}  reward {t.reward:+.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agentkiln.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True, help="repeat to compare (each vs the first)")
+    ap.add_argument("--panel", default="test", help="a split with a manifest under --tasks (test, ood, ...)")
+    ap.add_argument("--tasks", default=str(paths.TASKS), help="tasks directory (default data/tasks)")
+    ap.add_argument("--samples", type=int, default=0, help="n sampled episodes per task for pass@k (0: greedy only)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
+    ap.add_argument("--init", default=None, help="starting model of an RL checkpoint (default: from params.yaml)")
+    ap.add_argument("--play", type=int, default=0, help="print the first N greedy episodes of each model")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args(argv)
+
+    from agentkiln.config import ParamsError, load_params
+    from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, records
+    from agentkiln.evaluate.panels import load_panel, panel_id
+    from agentkiln.evaluate.report import comparison_table, efficiency_table, family_table, markdown_table, pass_k_table
+    from agentkiln.evaluate.stats import compare_paired
+    from agentkiln.rollout.agents import PolicyAgent
+    from agentkiln.rollout.engine import run_episodes
+    from agentkiln.stages.common import seed_everything
+    from agentkiln.stages.evaluate import greedy_agent, pass_k_ks, task_levels
+
+    try:
+        params = load_params(args.params)
+        tasks = load_panel(args.tasks, args.panel)
+    except (ParamsError, FileNotFoundError, ValueError) as e:
+        print(f"agentkiln evaluate: {e}", file=sys.stderr)
+        return 2
+    seed_everything(params.seed, params.torch_threads)
+    levels, ev = task_levels(params), params.evaluate
+    metrics, per_task = {}, {}
+    for source in args.model:
+        try:
+            policy = resolve_policy(source, params, args.init)
+        except (FileNotFoundError, ValueError, OSError) as e:
+            print(f"agentkiln evaluate: {e}", file=sys.stderr)
+            return 2
+        name = source
+        agent = greedy_agent(source if source in ("random", "oracle") else "policy", policy, params)
+        episodes = run_episodes(agent, tasks, args.tasks, ev.max_turns, progress=f"eval {name}")
+        for e in episodes[: args.play]:
+            print(transcript(e))
+        recs = records(episodes, tasks, 1, levels, args.panel)
+        metrics[name] = panel_summary(recs, ev.confidence) | {"n_params": policy.n_params() if policy else None}
+        per_task[name] = [int(r["won"]) for r in recs]
+        if args.samples and policy is not None:
+            sampler = PolicyAgent(policy, temperature=args.temperature, seed=ev.seed, decoding=ev.decoding)
+            eps = run_episodes(sampler, tasks, args.tasks, ev.max_turns, group_size=args.samples, progress=f"pass@k {name}")
+            curve = pass_at_k_curve(records(eps, tasks, args.samples, levels, args.panel), pass_k_ks(args.samples))
+            metrics[name] |= {"pass_at_k": {str(k): v for k, v in curve.items()}, "pass_at_k_samples": args.samples}
+    first = args.model[0]
+    comparisons = [{"a": m, "b": first, **compare_paired(per_task[m], per_task[first], ev.confidence, ev.n_boot, ev.seed)}
+                   for m in args.model[1:]]
+    print(f"\nPanel {args.panel} ({len(tasks)} tasks, manifest {panel_id(args.tasks, args.panel)})\n")
+    print(markdown_table(metrics) + "\n\n" + family_table(metrics) + "\n\n" + efficiency_table(metrics))
+    if table := pass_k_table(metrics):
+        print("\n" + table)
+    if comparisons:
+        print("\n" + comparison_table(comparisons))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"panel": args.panel, "panel_id": panel_id(args.tasks, args.panel),
+                                              "metrics": metrics, "comparisons": comparisons, "outcomes": per_task},
+                                             indent=2, sort_keys=True) + "\n")
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Frozen panels: a split's manifest (task ids, seeds, difficulty, data, environment versions) is
+sealed by a SHA-256 of its content when it is synthesized, and checked before every use.
+
+A panel is refused when
+- its content no longer matches its digest (a task edited, added or removed by hand), or
+- an environment version it records differs from the code's (the same task ids would now be
+  different tasks: scores would not be comparable with earlier ones).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from agentkiln.envs import TaskSpec
+
+DIGEST_KEY = "sha256"
+
+
+def manifest_digest(manifest: dict) -> str:
+    """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), digest field excluded."""
+    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(manifest: dict) -> dict:
+    """The manifest with its digest: what the synthesize stage writes."""
+    return {**manifest, DIGEST_KEY: manifest_digest(manifest)}
+
+
+def manifest_path(tasks_dir: str | Path, split: str) -> Path:
+    return Path(tasks_dir) / split / "manifest.json"
+
+
+def split_exists(tasks_dir: str | Path, split: str) -> bool:
+    return manifest_path(tasks_dir, split).is_file()
+
+
+def panel_id(tasks_dir: str | Path, split: str = "test") -> str:
+    """Short identity of a panel (its digest's first 16 hex digits): scores are only ever compared
+    between runs on the same panel id."""
+    return load_manifest(tasks_dir, split)[DIGEST_KEY][:16]
+
+
+def load_manifest(tasks_dir: str | Path, split: str) -> dict:
+    """The checked manifest of a split (see the module docstring for what is refused)."""
+    path = manifest_path(tasks_dir, split)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; run the synthesize stage first (dvc repro synthesize)")
+    try:
+        manifest = json.loads(path.read_text())
+        tasks = manifest["tasks"]
+        versions = manifest["env_versions"]
+        if not isinstance(tasks, list) or not isinstance(versions, dict):
+            raise TypeError("tasks must be a list and env_versions a mapping")
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a valid task manifest ({e})") from e
+    recorded = manifest.get(DIGEST_KEY)
+    if recorded is None:
+        raise ValueError(f"{path}: the manifest has no {DIGEST_KEY} field (unsealed or written by an older "
+                         "agentkiln); re-run the synthesize stage (dvc repro synthesize)")
+    if recorded != (actual := manifest_digest(manifest)):
+        raise ValueError(f"{path}: the manifest was modified after it was frozen ({DIGEST_KEY} {recorded[:16]}..., "
+                         f"content {actual[:16]}...); restore it (dvc checkout data/tasks) or re-synthesize")
+    from agentkiln.synthesis.generate import env_version  # here: synthesis imports this module to seal
+
+    for family in sorted({t.get("family") for t in tasks if isinstance(t, dict)}):
+        if versions.get(family) != (current := env_version(family)):
+            raise ValueError(
+                f"{path}: {family} tasks were made by environment version {versions.get(family)}, the code is "
+                f"{current}: the panel is not valid for this code; re-run the synthesize stage (dvc repro synthesize)"
+            )
+    return manifest
+
+
+def load_panel(tasks_dir: str | Path, split: str) -> list[TaskSpec]:
+    """The tasks of a split, after the manifest's checks."""
+    path = manifest_path(tasks_dir, split)
+    try:
+        return [TaskSpec(**t) for t in load_manifest(tasks_dir, split)["tasks"]]
+    except TypeError as e:
+        raise ValueError(f"{path}: not a valid task manifest ({e})") from e

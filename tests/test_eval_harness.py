@@ -1,0 +1,145 @@
+"""The evaluation harness: pass@k and paired comparisons by hand, baselines as floor and ceiling,
+breakdowns and efficiency, identical numbers on a second run, and the one-command CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
+from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play
+from agentkiln.evaluate.panels import seal
+from agentkiln.evaluate.stats import compare_paired, pass_at_k
+from agentkiln.synthesis.generate import env_version, generate
+
+
+# ------------------------------------------------------------------ pass@k by hand
+@pytest.mark.parametrize("n,c,k,expected", [
+    (5, 2, 1, 1 - 3 / 5),  # 1 - C(3,1)/C(5,1)
+    (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+    (5, 2, 3, 1 - 1 / 10),  # 1 - C(3,3)/C(5,3)
+    (5, 2, 4, 1.0),  # n - c < k: every draw of 4 holds a success
+    (10, 0, 3, 0.0),
+    (16, 16, 1, 1.0),
+    (16, 1, 8, 1 - 6435 / 12870),  # 1 - C(15,8)/C(16,8) = 0.5
+    (16, 4, 16, 1.0),
+    (200, 37, 10, 1 - math.comb(163, 10) / math.comb(200, 10)),
+])
+def test_pass_at_k_matches_the_binomial_formula(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_1_is_the_success_rate_and_pass_at_k_grows_with_k():
+    assert pass_at_k(8, 3, 1) == pytest.approx(3 / 8)
+    vals = [pass_at_k(16, 3, k) for k in range(1, 17)]
+    assert all(a <= b for a, b in zip(vals, vals[1:]))
+
+
+@pytest.mark.parametrize("args", [(5, 6, 1), (5, 2, 0), (5, 2, 6), (0, 0, 1), (5, -1, 1)])
+def test_pass_at_k_rejects_impossible_counts(args):
+    with pytest.raises(ValueError):
+        pass_at_k(*args)
+    with pytest.raises(TypeError):
+        pass_at_k(5.0, 2, 1)
+
+
+def test_pass_at_k_curve_averages_tasks():
+    recs = [{"task_id": "a", "won": w} for w in (1, 0, 0, 0)] + [{"task_id": "b", "won": 1} for _ in range(4)]
+    curve = pass_at_k_curve(recs, [1, 2, 4])
+    assert curve == pytest.approx({1: (0.25 + 1) / 2, 2: (0.5 + 1) / 2, 4: 1.0})  # a: 1 - C(3,2)/C(4,2) = 0.5
+    with pytest.raises(ValueError, match="same number of samples"):
+        pass_at_k_curve(recs[:-1], [1])
+
+
+# ------------------------------------------------------------------ paired comparison
+def test_paired_comparison_flags_a_better_policy_and_never_a_policy_against_itself():
+    worse = [1] * 30 + [0] * 70
+    better = [1] * 30 + [1] * 30 + [0] * 40  # wins all the other's tasks and 30 more
+    c = compare_paired(better, worse)
+    assert c["significant"] and c["better"] == "a" and c["diff"] == pytest.approx(0.30) and c["ci_low"] > 0.15
+    assert compare_paired(worse, better)["better"] == "b"
+    same = compare_paired(better, better)
+    assert not same["significant"] and same["better"] is None and (same["diff"], same["ci_low"], same["ci_high"]) == (0, 0, 0)
+    noisy = compare_paired([1, 0] * 50, [0, 1] * 50)  # same rate, different tasks: no verdict
+    assert not noisy["significant"] and noisy["ci_low"] < 0 < noisy["ci_high"]
+
+
+# ------------------------------------------------------------------ playing a panel
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory):
+    """A sealed test panel of FrozenLake and Sokoban tasks."""
+    out = tmp_path_factory.mktemp("panel")
+    tasks = generate("gym-toytext", 6, seed=11, level="easy", out_dir=out, game="frozenlake")
+    tasks += generate("sokoban", 4, seed=12, level="easy", out_dir=out)
+    (out / "test").mkdir()
+    manifest = {"split": "test", "seed": 0, "n_tasks": len(tasks), "tasks": [dataclasses.asdict(t) for t in tasks],
+                "env_versions": {f: env_version(f) for f in ("gym-toytext", "sokoban")}}
+    (out / "test" / "manifest.json").write_text(json.dumps(seal(manifest)))
+    return tasks, out
+
+
+def test_oracle_is_the_ceiling_and_random_the_floor(panel):
+    tasks, out = panel
+    levels = {t.task_type: "easy" for t in tasks}
+    oracle = panel_summary(play(OracleAgent(), tasks, out, None, levels=levels), 0.95)
+    rand = panel_summary(play(RandomAgent(seed=0), tasks, out, None, levels=levels), 0.95)
+    assert oracle["success"] == 1.0 and oracle["invalid_rate"] == 0.0
+    assert oracle["mean_turns"] == pytest.approx(sum(t.expert_steps for t in tasks) / len(tasks))
+    assert rand["success"] < oracle["success"]
+    assert set(oracle["by_family"]) == {"gym-toytext", "sokoban"} and set(oracle["by_level"]) == {"easy"}
+    assert oracle["by_family"]["sokoban"]["n_tasks"] == 4
+    assert oracle["tokens_per_episode"] == 0.0 and oracle["tool_calls_per_episode"] == 0.0
+
+
+def test_a_panel_played_twice_gives_identical_numbers(panel):
+    from tests.test_rl_trainer import corpus_policy
+    from agentkiln.rollout.agents import PolicyAgent
+
+    tasks, out = panel
+    pol = corpus_policy(tasks, out)
+    runs = [play(PolicyAgent(pol, greedy=True), tasks, out, 6) for _ in range(2)]
+    assert runs[0] == runs[1]
+    sampled = [play(PolicyAgent(pol, temperature=1.0, seed=3), tasks, out, 6, samples=4) for _ in range(2)]
+    assert sampled[0] == sampled[1] and len(sampled[0]) == 4 * len(tasks)
+    s = panel_summary(runs[0])
+    assert s["tokens_per_episode"] > 0 and 0 <= s["success"] <= 1
+
+
+def test_tool_calls_are_counted_for_free_form_families(tmp_path):
+    tasks = generate("search-qa", 3, seed=5, level="easy", out_dir=tmp_path)
+    recs = play(OracleAgent(), tasks, tmp_path, None)
+    assert all(r["won"] for r in recs)
+    # the oracle searches for every hop, then answers: all its steps but the last are tool calls
+    assert [r["tool_calls"] for r in recs] == [t.expert_steps - 1 for t in tasks]
+
+
+# ------------------------------------------------------------------ one command
+def test_cli_evaluates_baselines_with_a_paired_comparison(panel, tmp_path, capsys):
+    from agentkiln.evaluate.__main__ import main
+
+    _, out = panel
+    assert main(["--model", "random", "--model", "oracle", "--tasks", str(out), "--out", str(tmp_path / "r.json")]) == 0
+    text = capsys.readouterr().out
+    assert "| oracle | 100.0%" in text and "oracle vs random" in text
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["metrics"]["oracle"]["success"] == 1.0 and res["comparisons"][0]["a"] == "oracle"
+    assert len(res["outcomes"]["random"]) == 10 and res["panel_id"] == json.loads((out / "test" / "manifest.json").read_text())["sha256"][:16]
+
+
+def test_cli_refuses_a_tampered_panel_and_an_unknown_model(panel, tmp_path, capsys):
+    import shutil
+
+    from agentkiln.evaluate.__main__ import main
+
+    _, out = panel
+    shutil.copytree(out, tmp_path / "t")
+    m = json.loads((tmp_path / "t" / "test" / "manifest.json").read_text())
+    m["tasks"][0]["seed"] += 1
+    (tmp_path / "t" / "test" / "manifest.json").write_text(json.dumps(m))
+    assert main(["--model", "random", "--tasks", str(tmp_path / "t")]) == 2
+    assert "modified after it was frozen" in capsys.readouterr().err
+    assert main(["--model", str(tmp_path / "nothing-here"), "--tasks", str(out)]) == 2
+    assert "not a baseline, pipeline model" in capsys.readouterr().err
