@@ -22,7 +22,8 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
 CHALLENGER, CHAMPION, PREVIOUS = "challenger", "champion", "previous"
 DESCRIPTION = (
-    "agentkiln policy: a causal LM that plays TextWorld games, trained by the agentkiln pipeline "
+    "agentkiln policy: a causal LM agent for multi-turn text and tool tasks (TextWorld, Sokoban, FrozenLake/Taxi, "
+    "a web store, ...), trained by the agentkiln pipeline "
     "(SFT on expert walkthroughs -> multi-stage RL -> distillation). Aliases: champion = serving, "
     "challenger = latest candidate, previous = the champion before the last promotion. "
     "Version tags hold lineage (git commit, params hash, DVC data hashes) and evaluation scores."
