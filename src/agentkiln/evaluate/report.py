@@ -16,6 +16,7 @@ from pathlib import Path
 
 POLICY_ORDER = ("random", "oracle", "sft", "rl", "distilled")
 DECIMALS = 4
+BASELINES = ("random", "oracle")
 TITLE = "Success on the frozen test panel (95% Wilson CI)"
 
 
@@ -67,8 +68,10 @@ def summary_line(metrics: dict) -> str:
     names = ordered_policies(metrics)
     if not names:
         return "No policy was evaluated."
-    # max() keeps the first of equal values: ties go to the earlier policy in pipeline order.
-    best = max(names, key=lambda p: float(metrics[p].get("success", 0.0)))
+    # The baselines are references, not candidates; max() keeps the first of equal values: ties go
+    # to the earlier policy in pipeline order.
+    trained = [p for p in names if p not in BASELINES] or names
+    best = max(trained, key=lambda p: float(metrics[p].get("success", 0.0)))
     parts = [f"Best policy: **{best}** ({_pct(metrics[best].get('success'))} success)"]
     for new, old in (("sft", "random"), ("rl", "sft"), ("distilled", "rl")):
         if new in metrics and old in metrics:
