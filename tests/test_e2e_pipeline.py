@@ -43,7 +43,7 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def sh(args, cwd, env):
-    out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, f"{args} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return out.stdout + out.stderr
 
@@ -148,7 +148,7 @@ def test_killed_rl_stage_resumes_under_dvc_with_identical_results(repo):
     want = {o["path"]: o["md5"] for o in lock["stages"]["rl@h6"]["outs"]}
     want_curve = (dst / "reports/rl/h6/curve.csv").read_text()
     killed = subprocess.run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "rl@h6"], cwd=dst,
-                            env=env | {"AGENTKILN_KILL_AFTER_ITERATION": "1"}, capture_output=True, text=True, timeout=900)
+                            env=env | {"AGENTKILN_KILL_AFTER_ITERATION": "1"}, capture_output=True, text=True, timeout=1800)
     assert killed.returncode != 0 and "InjectedFault" in killed.stdout + killed.stderr  # after iteration 1 of 2
     assert (dst / "models/checkpoints/rl/h6/state.pt").is_file()
     # --force: as on a first run (this stage ran before, so DVC would simply restore its cached result)
