@@ -21,6 +21,8 @@ os.environ.update(
         "TQDM_DISABLE": "1",
     }
 )
+# Prefect's temporary API server gets 20 s to start by default: not enough on a loaded 2-core machine.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("AGENTKILN_PARENT_RUN_ID", None)
 
 
