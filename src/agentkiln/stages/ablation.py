@@ -22,17 +22,17 @@ import torch
 
 from agentkiln import paths
 from agentkiln.config import Params
+from agentkiln.evaluate.harness import outcomes, play
 from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
 from agentkiln.policy import load_policy
 from agentkiln.rollout.agents import PolicyAgent
-from agentkiln.rollout.engine import run_episodes
 from agentkiln.stages.common import load_split
 from agentkiln.trainers.rl import train_rl
 
 
 def play_panel(policy, panel, tasks_dir: Path, max_turns: int | None, desc: str) -> list[int]:
-    eps = run_episodes(PolicyAgent(policy, greedy=True), panel, tasks_dir, max_turns, progress=desc)
-    return [int(e.won) for e in eps]
+    """Per-task greedy outcomes on the panel, through the evaluation harness."""
+    return outcomes(play(PolicyAgent(policy, greedy=True), panel, tasks_dir, max_turns, progress=desc))
 
 
 def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_dir: Path, log=None):
