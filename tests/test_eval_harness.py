@@ -129,6 +129,27 @@ def test_cli_evaluates_baselines_with_a_paired_comparison(panel, tmp_path, capsy
     assert len(res["outcomes"]["random"]) == 10 and res["panel_id"] == json.loads((out / "test" / "manifest.json").read_text())["sha256"][:16]
 
 
+def test_cli_compares_sampled_play_per_task(panel, tmp_path, capsys):
+    """With --samples, each pair is also compared on per-task success rates over the samples."""
+    import shutil
+
+    from agentkiln.evaluate.__main__ import main
+    from agentkiln.policy import save_policy
+    from tests.test_rl_trainer import corpus_policy
+
+    tasks, out = panel
+    save_policy(corpus_policy(tasks, out), tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same weights under another name
+    args = ["--model", str(tmp_path / "a"), "--model", str(tmp_path / "b"), "--samples", "3", "--tasks", str(out)]
+    assert main([*args, "--out", str(tmp_path / "r.json")]) == 0
+    assert "| sampled T=1 x3 |" in capsys.readouterr().out
+    res = json.loads((tmp_path / "r.json").read_text())
+    greedy, sampled = res["comparisons"]
+    assert greedy["decoding"] == "greedy" and sampled["decoding"] == "sampled T=1 x3"
+    # same weights, same sampling seed: identical samples, so a zero difference with a zero-width CI
+    assert (sampled["diff"], sampled["ci_low"], sampled["ci_high"], sampled["significant"]) == (0, 0, 0, False)
+
+
 def test_cli_refuses_a_tampered_panel_and_an_unknown_model(panel, tmp_path, capsys):
     import shutil
 

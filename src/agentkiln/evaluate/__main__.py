@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed_everything(params.seed, params.torch_threads)
     levels, ev = task_levels(params), params.evaluate
-    metrics, per_task = {}, {}
+    metrics, per_task, sampled = {}, {}, {}
     for source in args.model:
         try:
             policy = resolve_policy(source, params, args.init)
@@ -108,11 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.samples and policy is not None:
             sampler = PolicyAgent(policy, temperature=args.temperature, seed=ev.seed, decoding=ev.decoding)
             eps = run_episodes(sampler, tasks, args.tasks, ev.max_turns, group_size=args.samples, progress=f"pass@k {name}")
-            curve = pass_at_k_curve(records(eps, tasks, args.samples, levels, args.panel), pass_k_ks(args.samples))
+            srecs = records(eps, tasks, args.samples, levels, args.panel)
+            curve = pass_at_k_curve(srecs, pass_k_ks(args.samples))
             metrics[name] |= {"pass_at_k": {str(k): v for k, v in curve.items()}, "pass_at_k_samples": args.samples}
+            sampled[name] = [sum(r["won"] for r in srecs[i * args.samples:(i + 1) * args.samples]) / args.samples
+                             for i in range(len(tasks))]  # records are task-major
     first = args.model[0]
-    comparisons = [{"a": m, "b": first, **compare_paired(per_task[m], per_task[first], ev.confidence, ev.n_boot, ev.seed)}
+    comparisons = [{"a": m, "b": first, "decoding": "greedy",
+                    **compare_paired(per_task[m], per_task[first], ev.confidence, ev.n_boot, ev.seed)}
                    for m in args.model[1:]]
+    comparisons += [{"a": m, "b": first, "decoding": f"sampled T={args.temperature:g} x{args.samples}",
+                     **compare_paired(sampled[m], sampled[first], ev.confidence, ev.n_boot, ev.seed)}
+                    for m in args.model[1:] if m in sampled and first in sampled]
     print(f"\nPanel {args.panel} ({len(tasks)} tasks, manifest {panel_id(args.tasks, args.panel)})\n")
     print(markdown_table(metrics) + "\n\n" + family_table(metrics) + "\n\n" + efficiency_table(metrics))
     if table := pass_k_table(metrics):

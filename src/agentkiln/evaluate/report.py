@@ -189,10 +189,11 @@ def render_png(metrics: dict, path: Path) -> None:
 
 
 def comparison_table(comparisons: list[dict]) -> str:
-    lines = ["| a vs b | a - b (points) | 95% CI (paired bootstrap over tasks) | verdict |", "|---|---:|---|---|"]
+    lines = ["| a vs b | play | a - b (points) | 95% CI (paired bootstrap over tasks) | verdict |", "|---|---|---:|---|---|"]
     for c in comparisons:
         verdict = {"a": f"**{c['a']} better**", "b": f"**{c['b']} better**"}.get(c.get("better"), "no significant difference")
-        lines.append(f"| {c['a']} vs {c['b']} | {100 * c['diff']:+.1f} | [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}] | {verdict} |")
+        lines.append(f"| {c['a']} vs {c['b']} | {c.get('decoding', 'greedy')} | {100 * c['diff']:+.1f} | "
+                     f"[{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}] | {verdict} |")
     return "\n".join(lines)
 
 
@@ -236,7 +237,9 @@ def render_full_markdown(metrics: dict, comparisons: list[dict], panels: dict | 
     if panels:
         text += "\nPanels (manifest digests): " + ", ".join(f"{k} `{v}`" for k, v in sorted(panels.items())) + "\n"
     if comparisons:
-        text += "\n## Paired comparisons (test panel)\n\n" + comparison_table(comparisons) + "\n"
+        text += ("\n## Paired comparisons (test panel)\n\n" + comparison_table(comparisons) + "\n\n"
+                 "greedy: one greedy episode per task. sampled: each task's success rate over its pass@k samples, "
+                 "the quantity RL optimises. A verdict needs the 95% CI to exclude 0.\n")
     for key, title in (("by_level", "Per difficulty level"), ("by_task_type", "Per task type")):
         if table := breakdown_table(metrics, key):
             text += f"\n## {title} (test panel)\n\n" + table + "\n"

@@ -53,6 +53,7 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
     panels = {name: load_panel(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
     metrics: dict[str, dict] = {}
     per_task: dict[str, dict] = {}
+    sampled: dict[str, dict[str, float]] = {}  # policy -> task -> success rate over its pass@k samples
     for name in p.policies:
         policy = None if name in ("random", "oracle") else load_policy(model_dirs[name])
         for panel, tasks in panels.items():
@@ -71,11 +72,21 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
                         panel="test", progress=f"pass@k {name}")
             metrics[name]["pass_at_k"] = {str(k): v for k, v in pass_at_k_curve(recs, pass_k_ks(p.pass_k.samples)).items()}
             metrics[name]["pass_at_k_samples"] = p.pass_k.samples
+            for r in recs:
+                sampled.setdefault(name, {}).setdefault(r["task_id"], []).append(int(r["won"]))
+            sampled[name] = {t: sum(v) / len(v) for t, v in sampled[name].items()}
     comparisons = []
     for a, b in p.compare:
         ta, tb = per_task[a]["test"], per_task[b]["test"]
         c = compare_paired([ta[t] for t in ta], [tb[t] for t in ta], p.confidence, p.n_boot, p.seed)
-        comparisons.append({"a": a, "b": b, **c})
+        comparisons.append({"a": a, "b": b, "decoding": "greedy", **c})
+    # The same pairs on sampled play, where both policies have pass@k samples: each task's success
+    # rate over its samples (what RL optimises, without greedy decoding's ties and loops), paired.
+    for a, b in p.compare:
+        if a in sampled and b in sampled:
+            sa, sb = sampled[a], sampled[b]
+            c = compare_paired([sa[t] for t in sa], [sb[t] for t in sa], p.confidence, p.n_boot, p.seed)
+            comparisons.append({"a": a, "b": b, "decoding": f"sampled T={p.pass_k.temperature:g} x{p.pass_k.samples}", **c})
     panel_ids = {panel: panel_id(tasks_dir, panel) for panel in panels}
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
