@@ -164,3 +164,12 @@ def test_cli_refuses_a_tampered_panel_and_an_unknown_model(panel, tmp_path, caps
     assert "modified after it was frozen" in capsys.readouterr().err
     assert main(["--model", str(tmp_path / "nothing-here"), "--tasks", str(out)]) == 2
     assert "not a baseline, pipeline model" in capsys.readouterr().err
+
+
+def test_success_rates_are_per_task_means_over_samples():
+    from agentkiln.evaluate.harness import success_rates
+
+    recs = [{"task_id": "a", "won": True}, {"task_id": "a", "won": False}, {"task_id": "a", "won": False},
+            {"task_id": "b", "won": True}, {"task_id": "b", "won": True}, {"task_id": "b", "won": False}]
+    rates = success_rates(recs)
+    assert list(rates) == ["a", "b"] and rates["a"] == pytest.approx(1 / 3) and rates["b"] == pytest.approx(2 / 3)

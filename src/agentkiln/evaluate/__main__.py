@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from agentkiln.config import ParamsError, load_params
-    from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, records
+    from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, records, success_rates
     from agentkiln.evaluate.panels import load_panel, panel_id
     from agentkiln.evaluate.report import comparison_table, efficiency_table, family_table, markdown_table, pass_k_table
     from agentkiln.evaluate.stats import compare_paired
@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             srecs = records(eps, tasks, args.samples, levels, args.panel)
             curve = pass_at_k_curve(srecs, pass_k_ks(args.samples))
             metrics[name] |= {"pass_at_k": {str(k): v for k, v in curve.items()}, "pass_at_k_samples": args.samples}
-            sampled[name] = [sum(r["won"] for r in srecs[i * args.samples:(i + 1) * args.samples]) / args.samples
-                             for i in range(len(tasks))]  # records are task-major
+            sampled[name] = list(success_rates(srecs).values())
     first = args.model[0]
     comparisons = [{"a": m, "b": first, "decoding": "greedy",
                     **compare_paired(per_task[m], per_task[first], ev.confidence, ev.n_boot, ev.seed)}

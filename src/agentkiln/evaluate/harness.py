@@ -93,6 +93,14 @@ def pass_at_k_curve(recs: list[dict], ks: list[int]) -> dict[int, float]:
     return {k: sum(pass_at_k(n, sum(v), k) for v in by_task.values()) / len(by_task) for k in ks if k <= n}
 
 
+def success_rates(recs: list[dict]) -> dict[str, float]:
+    """Per-task success rate over its samples (manifest order): sampled play's paired-comparison vector."""
+    won: dict[str, list[int]] = {}
+    for r in recs:
+        won.setdefault(r["task_id"], []).append(int(r["won"]))
+    return {t: sum(v) / len(v) for t, v in won.items()}
+
+
 def outcomes(recs: list[dict]) -> list[int]:
     """Per-task success of sample 0, in manifest order: the vector paired comparisons use."""
     return [int(r["won"]) for r in recs if r["sample"] == 0]

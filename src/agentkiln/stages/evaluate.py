@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agentkiln.config import Params
 from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
-from agentkiln.evaluate.harness import outcomes, pass_at_k_curve, panel_summary, play
+from agentkiln.evaluate.harness import outcomes, pass_at_k_curve, panel_summary, play, success_rates
 from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
 from agentkiln.evaluate.report import write_reports
 from agentkiln.evaluate.stats import compare_paired
@@ -72,9 +72,7 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
                         panel="test", progress=f"pass@k {name}")
             metrics[name]["pass_at_k"] = {str(k): v for k, v in pass_at_k_curve(recs, pass_k_ks(p.pass_k.samples)).items()}
             metrics[name]["pass_at_k_samples"] = p.pass_k.samples
-            for r in recs:
-                sampled.setdefault(name, {}).setdefault(r["task_id"], []).append(int(r["won"]))
-            sampled[name] = {t: sum(v) / len(v) for t, v in sampled[name].items()}
+            sampled[name] = success_rates(recs)
     comparisons = []
     for a, b in p.compare:
         ta, tb = per_task[a]["test"], per_task[b]["test"]
