@@ -24,17 +24,15 @@ from agentkiln.evaluate.harness import outcomes, panel_summary, play
 from agentkiln.evaluate.panels import load_panel, panel_id
 from agentkiln.evaluate.stats import compare_paired
 from agentkiln.policy import load_policy
-from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.stages.common import seed_everything
 from agentkiln.stages.distill import run_distill
-from agentkiln.stages.evaluate import task_levels
+from agentkiln.stages.evaluate import greedy_agent, task_levels
 
 MODES = ("trajectory", "forward-kl", "on-policy")
 
 
 def evaluate(policy, params, tasks, levels) -> list[dict]:
-    agent = PolicyAgent(policy, greedy=True, decoding=params.evaluate.decoding)
-    return play(agent, tasks, paths.TASKS, params.evaluate.max_turns, levels=levels, panel="test")
+    return play(greedy_agent("policy", policy, params), tasks, paths.TASKS, params.evaluate.max_turns, levels=levels, panel="test")
 
 
 def main() -> None:

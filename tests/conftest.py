@@ -30,3 +30,186 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     shutil.rmtree(_TMP, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- shared fixtures
+import pytest  # noqa: E402
+
+QWEN2_TEMPLATE = (  # Qwen2.5's chat template (tools, tool calls and tool responses included)
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}"
+    "{%- endif %}{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Qwen3-style: reasoning (<think>...</think>) is stripped from assistant turns before the last user
+# message when the conversation is rendered again; a re-tokenised history then differs from the
+# ids the model generated (prime-rl#1334)
+QWEN3_LIKE_TEMPLATE = (
+    "{%- set ns = namespace(last_user=0) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- set content = m.content %}"
+    "{%- if m.role == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+def _bpe(texts, specials, vocab_size=600):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def make_chat_model(out_dir, arch: str, texts, template: str | None = None, seed: int = 0):
+    """A tiny random-init Qwen2- or Llama-architecture model with a byte-level BPE tokenizer trained on
+    `texts` and a real chat template, saved as a Hugging Face directory (nothing from a hub)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    if arch == "qwen2":
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
+        tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(texts, specials), eos_token="<|im_end|>",
+                                      pad_token="<|endoftext|>", additional_special_tokens=specials[1:])
+        tok.chat_template = template or QWEN2_TEMPLATE
+        config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+        cls = Qwen2ForCausalLM
+    else:
+        specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+        tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(texts, specials), bos_token="<|begin_of_text|>",
+                                      eos_token="<|eot_id|>", additional_special_tokens=specials[2:])
+        tok.chat_template = template or LLAMA3_TEMPLATE
+        config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
+                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+        cls = LlamaForCausalLM
+    torch.manual_seed(seed)
+    cls(config).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def lake_pool(tmp_path_factory):
+    """Six easy FrozenLake tasks (no task files) and their directory."""
+    from agentkiln.synthesis.generate import generate
+
+    out = tmp_path_factory.mktemp("lake")
+    return generate("gym-toytext", 6, seed=3, level="easy", out_dir=out, game="frozenlake"), out
+
+
+def task_texts(tasks, tasks_dir) -> list[str]:
+    """What an agent is shown at the start of each task, and the valid actions (a tokenizer's corpus)."""
+    from agentkiln.envs import make
+    from agentkiln.policy import AgentFormat, observation_text
+
+    texts = []
+    for t in tasks:
+        env = make(t, tasks_dir)
+        obs = env.reset()
+        texts.append(observation_text(AgentFormat(), obs.text, obs.admissible, env.goal))
+        texts += obs.admissible or []
+        while (a := env.expert_action()) is not None:
+            texts.append(a)
+            texts.append(env.step(a).observation.text)
+    return texts
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def merge(base: dict, over: dict) -> dict:
+    """params.yaml-style deep merge: mappings merge key by key, except split mixes and RL stages."""
+    for k, v in over.items():
+        base[k] = merge(base.get(k, {}), v) if isinstance(v, dict) and k not in ("mix", "stages", "decoding") else v
+    return base
+
+
+def params_with(overrides: dict):
+    """The repository's params.yaml with `overrides` merged in, validated."""
+    import yaml
+
+    from agentkiln.config import Params
+
+    return Params.model_validate(merge(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
+
+
+def tiny_dataset(out_dir, mixes: dict[str, dict], n: dict[str, int] | None = None):
+    """Synthesize small sft / rl / test splits of the given task-type mixes under `out_dir`."""
+    from agentkiln.synthesis.stage import synthesize
+
+    import yaml
+
+    from agentkiln.config import SynthesizeParams
+
+    n = n or {"sft": 8, "rl": 4, "test": 4}
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())["synthesize"]
+    raw["workers"] = 1
+    raw["splits"] = {name: {"n_tasks": n[name], "seed": 50 + i, "mix": mix} for i, (name, mix) in enumerate(mixes.items())}
+    synthesize(SynthesizeParams.model_validate(raw), out_dir, progress=False)
+    return out_dir
+
+
+def expert_episodes(tasks, tasks_dir):
+    """Each task's expert walkthrough as a text episode (rollout.sequence.render gives its ids)."""
+    from agentkiln.envs import make
+    from agentkiln.rollout.episode import Episode, Turn
+
+    out = []
+    for g, t in enumerate(tasks):
+        env = make(t, tasks_dir)
+        obs = env.reset()
+        ep = Episode(t.task_id, t.family, g, t.task_type, goal=env.goal)
+        while (a := env.expert_action()) is not None:
+            ep.turns.append(Turn(obs.text, obs.admissible, obs.anchor, reply=a, action=a))
+            obs = env.step(a).observation
+        ep.won = env.won
+        out.append(ep)
+    return out
+
+
+def scratch_policy(tasks, tasks_dir, seed: int = 0, **sizes):
+    """A tiny random-init scratch policy whose tokenizer is trained on the tasks' text."""
+    from agentkiln.config import ModelParams
+    from agentkiln.policy import AgentFormat, build_scratch_policy
+
+    params = ModelParams(**({"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+                             "vocab_size": 400, "max_context": 1024} | sizes))
+    return build_scratch_policy(params, task_texts(tasks, tasks_dir), AgentFormat(), seed=seed)

@@ -44,11 +44,11 @@ def test_summary_flags_a_better_arm_and_reports_render(tmp_path):
 
 def test_an_arm_with_two_stages_trains_at_its_budget(tmp_path):
     from agentkiln.policy import save_policy
-    from tests.test_rl_trainer import corpus_policy
+    from tests.conftest import scratch_policy
     from agentkiln.synthesis.generate import generate
 
     tasks = generate("gym-toytext", 4, seed=5, level="easy", out_dir=tmp_path / "tasks", game="frozenlake")
-    save_policy(corpus_policy(tasks, tmp_path / "tasks"), tmp_path / "init")
+    save_policy(scratch_policy(tasks, tmp_path / "tasks"), tmp_path / "init")
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["ablation"]["base"] = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2}
     raw["ablation"]["arms"] = {"grpo": [{"algorithm": "grpo"}],
@@ -70,7 +70,7 @@ def test_a_job_in_a_worker_process_equals_the_same_job_in_process(tmp_path):
     from agentkiln.evaluate.panels import seal
     from agentkiln.stages.ablation import run_job
     from agentkiln.synthesis.generate import env_version, generate
-    from tests.test_rl_trainer import corpus_policy
+    from tests.conftest import scratch_policy
 
     tasks_dir = tmp_path / "data" / "tasks"
     for split, seed in (("rl", 5), ("test", 6)):
@@ -78,7 +78,7 @@ def test_a_job_in_a_worker_process_equals_the_same_job_in_process(tmp_path):
         (tasks_dir / split).mkdir(parents=True, exist_ok=True)
         (tasks_dir / split / "manifest.json").write_text(json.dumps(seal(
             {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}})))
-    save_policy(corpus_policy(tasks, tasks_dir), tmp_path / "models" / "sft")
+    save_policy(scratch_policy(tasks, tasks_dir), tmp_path / "models" / "sft")
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["ablation"]["base"] = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4}
     raw["ablation"]["arms"] = {"grpo": [{"algorithm": "gigpo"}]}

@@ -12,17 +12,21 @@ import torch
 import yaml
 
 from agentkiln.config import DistillParams, ModelParams, ParamsError, load_params
-from agentkiln.policy import AgentFormat, build_prompt, build_scratch_policy, load_policy, save_policy
-from agentkiln.rollout.agents import AgentState
+from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, save_policy
+from agentkiln.rollout.agents import PolicyAgent
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.sequence import render
 from agentkiln.stages import distill as stage
-from agentkiln.synthesis.generate import generate, play_expert
+from agentkiln.synthesis.generate import generate
 from agentkiln.trainers import distill as kd
-from agentkiln.trainers.batch import make_batch
-from agentkiln.trainers.supervised import OptimConfig, samples_from_states, train_supervised
+from agentkiln.trainers.batch import build_batch
+from agentkiln.trainers.supervised import OptimConfig, train_supervised
+
+from tests.conftest import expert_episodes, task_texts
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHER = ModelParams(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_context=256)
-STUDENT = ModelParams(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_context=256)
+TEACHER = ModelParams(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=400, max_context=1024)
+STUDENT = ModelParams(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, vocab_size=400, max_context=1024)
 
 
 @pytest.fixture(autouse=True)
@@ -105,18 +109,10 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("distill")
     tasks_dir = root / "tasks"
     tasks = generate("gym-toytext", 4, seed=3, level="easy", out_dir=tasks_dir, game="frozenlake")
-    fmt = AgentFormat(history=1)
-    pairs = []
-    for t in tasks:
-        _, _, rows = play_expert(t, tasks_dir, 40)
-        past: list[str] = []
-        for r in rows:
-            state = AgentState(r["goal"], list(past), r["observation"], json.loads(r["admissible"]))
-            pairs.append((state, r["action"]))
-            past.append(r["action"])
-    corpus = [build_prompt(fmt, s.goal, s.past_actions, s.observation, s.admissible) for s, _ in pairs]
-    teacher = build_scratch_policy(TEACHER, corpus, fmt, seed=0)
-    train_supervised(teacher, samples_from_states(teacher, pairs), OptimConfig(60, 8, 3e-3, 0.0, 5, 1.0), seed=0)
+    corpus = task_texts(tasks, tasks_dir)
+    teacher = build_scratch_policy(TEACHER, corpus, AgentFormat(), seed=0)
+    demos = [render(teacher, ep, 16) for ep in expert_episodes(tasks, tasks_dir)]
+    train_supervised(teacher, demos, OptimConfig(60, 2, 3e-3, 0.0, 5, 1.0), seed=0)
     save_policy(teacher, root / "teacher")
     return tasks, tasks_dir, root / "teacher", corpus
 
@@ -127,7 +123,7 @@ def params():
 
 
 def distill_params(**kw) -> DistillParams:
-    base = dict(student=STUDENT, samples_per_task=2, temperature=1.0, max_turns=8, epochs=1, batch_size=8,
+    base = dict(student=STUDENT, samples_per_task=2, temperature=1.0, max_turns=8, epochs=1, batch_size=2,
                 lr=3e-3, warmup_steps=2, iterations=1, tasks_per_iter=3, warmup_epochs=1)
     return DistillParams(**(base | kw))
 
@@ -140,10 +136,9 @@ def run(world, params, monkeypatch, tmp_path, **kw):
 
 
 MODE_KEYS = {
-    "trajectory": {"teacher_episodes", "teacher_sample_success", "n_samples", "final_loss"},
-    "forward-kl": {"teacher_episodes", "teacher_sample_success", "kept_episodes", "n_samples", "n_tokens",
-                   "final_loss"},
-    "on-policy": {"teacher_episodes", "warmup_samples", "warmup_final_loss", "student_episodes", "n_samples",
+    "trajectory": {"teacher_episodes", "teacher_sample_success", "n_episodes", "final_loss", "teacher_ids"},
+    "forward-kl": {"teacher_episodes", "teacher_sample_success", "kept_episodes", "n_tokens", "final_loss"},
+    "on-policy": {"teacher_episodes", "warmup_n_episodes", "warmup_final_loss", "student_episodes",
                   "n_tokens", "final_loss", "final_success", "rounds"},
 }
 
@@ -175,16 +170,16 @@ def test_forward_kl_keeps_every_teacher_episode_unless_only_successful(world, pa
 
 def test_on_policy_trains_exactly_the_students_generated_tokens(world, params, monkeypatch, tmp_path):
     played, batches, scored = [], [], []
-    real_run, real_batch, real_logits = kd.run_episodes, kd.make_batch, kd.reply_logits
+    real_run, real_batch, real_logits = kd.run_episodes, kd.build_batch, kd.reply_logits
 
     def spy_run(agent, *a, **k):
         eps = real_run(agent, *a, **k)
         played.append((agent.policy, eps))
         return eps
 
-    def spy_batch(samples, *a, **k):
-        batch = real_batch(samples, *a, **k)
-        batches.append((samples, batch))
+    def spy_batch(episodes, *a, **k):
+        batch = real_batch(episodes, *a, **k)
+        batches.append((episodes, batch))
         return batch
 
     def spy_logits(model, batch, vocab):
@@ -192,62 +187,67 @@ def test_on_policy_trains_exactly_the_students_generated_tokens(world, params, m
         return real_logits(model, batch, vocab)
 
     monkeypatch.setattr(kd, "run_episodes", spy_run)
-    monkeypatch.setattr(kd, "make_batch", spy_batch)
+    monkeypatch.setattr(kd, "build_batch", spy_batch)
     monkeypatch.setattr(kd, "reply_logits", spy_logits)
     report = run(world, params, monkeypatch, tmp_path, mode="on-policy", warmup_epochs=0, iterations=2,
-                 batch_size=4)
-    assert "warmup_samples" not in report and len(report["rounds"]) == 2
-    assert len(played) == 2
+                 batch_size=2)
+    assert "warmup_n_episodes" not in report and len(report["rounds"]) == 2
+    assert len(played) == 2 and len(batches) == 2
     teacher_vocab = load_policy(world[2]).tokenizer.get_vocab()
-    for policy, _ in played:
+    for (policy, eps), (episodes, batch) in zip(played, batches):
         assert policy.tokenizer.get_vocab() == teacher_vocab and policy.n_params() == report["student_params"]
-    generated = sorted((tuple(t.gen.prompt_ids), tuple(t.gen.ids)) for _, eps in played for ep in eps for t in ep.turns)
-    trained = sorted((tuple(s.prompt_ids), tuple(s.reply_ids)) for samples, _ in batches for s in samples)
-    assert trained == generated  # every generated turn once, with its exact prompt ids: nothing re-tokenized
-    assert report["n_tokens"] == sum(len(g[1]) for g in generated)
-    for samples, batch in batches:
-        assert batch.targets.tolist() == [t for s in samples for t in s.reply_ids]
-        for b, c, t in zip(batch.rows.tolist(), batch.cols.tolist(), batch.targets.tolist()):
-            assert c + 1 >= len(samples[b].prompt_ids)  # targets are reply tokens only
-            assert batch.input_ids[b, c + 1] == t
-    # the student and then the teacher score the very same batch (same prompt ids) each step
-    assert len(scored) == 2 * len(batches)
-    for (m_s, b_s), (m_t, b_t), (_, b) in zip(scored[::2], scored[1::2], batches):
-        assert b_s is b_t is b and m_s is not m_t
+        assert episodes is eps  # the round's own episodes, nothing re-tokenized
+        generated = [tok for ep in eps for t in ep.turns for tok in ep.ids[t.start : t.end]]
+        assert batch.flat(batch.input_ids).tolist() == generated
+        assert batch.rows == sum(len(ep.windows) for ep in eps)
+    assert report["n_tokens"] == sum(b.n_tokens for _, b in batches)
+    # the student and then the teacher score the very same minibatch each step
+    assert len(scored) % 2 == 0 and scored
+    for (m_s, b_s), (m_t, b_t) in zip(scored[::2], scored[1::2]):
+        assert b_s is b_t and m_s is not m_t
 
 
 def test_prompt_positions_carry_no_distillation_gradient(world):
-    from agentkiln.rollout.agents import PolicyAgent
-    from agentkiln.rollout.engine import run_episodes
-
     tasks, tasks_dir, teacher_dir, _ = world
     teacher = load_policy(teacher_dir)
     student = stage.build_student(distill_params(), teacher, seed=0)
-    eps = run_episodes(PolicyAgent(student, seed=1), tasks[:2], tasks_dir, max_turns=2)
-    samples = kd.turn_samples(eps)
+    eps = run_episodes(PolicyAgent(student, seed=1), tasks[:2], tasks_dir, max_turns=3)
     vocab = kd.shared_vocab(teacher, student, "on-policy")
-    batch = make_batch(samples, student.pad_id, vocab)
+    batch = build_batch(eps, student.pad_id)
     grads = {}
 
     def keep_grad(module, inputs, output):  # returns None: the output is left as it is
-        output.register_hook(lambda g: grads.setdefault("g", g))
+        output.last_hidden_state.register_hook(lambda g: grads.setdefault("g", g))
 
-    h = student.model.lm_head.register_forward_hook(keep_grad)
+    h = student.model.get_decoder().register_forward_hook(keep_grad)
     s_logits = kd.reply_logits(student.model, batch, vocab)
     with torch.no_grad():
         t_logits = kd.reply_logits(teacher.model, batch, vocab)
-    kd.reverse_kl_loss(s_logits, t_logits, torch.ones(len(batch.targets))).backward()
+    kd.reverse_kl_loss(s_logits, t_logits, torch.ones(len(s_logits))).backward()
     h.remove()
-    trained = torch.zeros(grads["g"].shape[:2], dtype=torch.bool)
-    trained[batch.rows, batch.cols] = True
-    assert grads["g"][~trained].abs().max() == 0 and grads["g"][trained].abs().max() > 0
+    g = grads["g"]
+    predicts = torch.zeros(g.shape[:2], dtype=torch.bool)
+    pos = batch.loss_mask.nonzero()
+    predicts[pos[:, 0], pos[:, 1] - 1] = True
+    assert g[~predicts].abs().max() == 0 and g[predicts].abs().max() > 0
+
+
+def test_trajectory_mode_trains_on_the_teachers_ids_or_renders_for_another_tokenizer(world, params, monkeypatch,
+                                                                                     tmp_path):
+    assert run(world, params, monkeypatch, tmp_path / "same", mode="trajectory")["teacher_ids"] is True
+    _, _, _, corpus = world
+    other = build_scratch_policy(STUDENT.model_copy(update={"vocab_size": 320}), corpus, AgentFormat(), seed=0)
+    save_policy(other, tmp_path / "other")
+    student = STUDENT.model_copy(update={"source": str(tmp_path / "other")})
+    report = run(world, params, monkeypatch, tmp_path / "re", mode="trajectory", student=student)
+    assert report["teacher_ids"] is False and report["n_episodes"] > 0
 
 
 # --------------------------------------------------------------------------- tokenizers, params
 @pytest.mark.parametrize("mode", ["forward-kl", "on-policy"])
 def test_token_level_modes_refuse_a_student_with_another_tokenizer(world, params, monkeypatch, tmp_path, mode):
     _, _, teacher_dir, corpus = world
-    other = build_scratch_policy(STUDENT, corpus[:1], AgentFormat(history=1), seed=0)  # a smaller vocabulary
+    other = build_scratch_policy(STUDENT.model_copy(update={"vocab_size": 320}), corpus, AgentFormat(), seed=0)
     save_policy(other, tmp_path / "other")
     n_teacher, n_student = len(load_policy(teacher_dir).tokenizer), len(other.tokenizer)
     assert n_teacher != n_student

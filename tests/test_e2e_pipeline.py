@@ -26,7 +26,8 @@ TINY = {
             "ood": {"n_tasks": 2, "seed": 14, "mix": {"sokoban_medium": 1.0}},
         },
     },
-    "sft": {"epochs": 2, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+    "sft": {"epochs": 2, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+                                   "vocab_size": 512}},
     # two chained RL stages (a growing horizon, as ScalingInter-RL), the second with another algorithm
     "rl": {"defaults": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "max_turns": 6},
            "stages": {"h3": {"init": "sft", "max_turns": 3}, "h6": {"init": "rl/h3", "algorithm": "gigpo"}}},

@@ -95,11 +95,11 @@ def test_oracle_is_the_ceiling_and_random_the_floor(panel):
 
 
 def test_a_panel_played_twice_gives_identical_numbers(panel):
-    from tests.test_rl_trainer import corpus_policy
+    from tests.conftest import scratch_policy
     from agentkiln.rollout.agents import PolicyAgent
 
     tasks, out = panel
-    pol = corpus_policy(tasks, out)
+    pol = scratch_policy(tasks, out)
     runs = [play(PolicyAgent(pol, greedy=True), tasks, out, 6) for _ in range(2)]
     assert runs[0] == runs[1]
     sampled = [play(PolicyAgent(pol, temperature=1.0, seed=3), tasks, out, 6, samples=4) for _ in range(2)]
@@ -135,10 +135,10 @@ def test_cli_compares_sampled_play_per_task(panel, tmp_path, capsys):
 
     from agentkiln.evaluate.__main__ import main
     from agentkiln.policy import save_policy
-    from tests.test_rl_trainer import corpus_policy
+    from tests.conftest import scratch_policy
 
     tasks, out = panel
-    save_policy(corpus_policy(tasks, out), tmp_path / "a")
+    save_policy(scratch_policy(tasks, out), tmp_path / "a")
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same weights under another name
     args = ["--model", str(tmp_path / "a"), "--model", str(tmp_path / "b"), "--samples", "3", "--tasks", str(out)]
     assert main([*args, "--out", str(tmp_path / "r.json")]) == 0

@@ -1,62 +1,63 @@
-"""Trainers on a tiny model: SFT fits expert actions; one RL step moves probability toward the
-positive-advantage action; save/load round-trips the policy and its prompt format."""
+"""Trainers on a tiny model: SFT on whole expert episodes fits them (loss by value, then greedy replay);
+one RL update moves probability toward the positive-advantage replies; save/load round-trips the
+policy, its chat format and its agent format."""
 
 import torch
 
 from agentkiln.config import ModelParams, RLParams
-from agentkiln.policy import AgentFormat, build_prompt, build_scratch_policy, load_policy, save_policy
-from agentkiln.rollout.agents import AgentState, PolicyAgent
-from agentkiln.trainers.batch import Sample, make_batch, reply_logprobs
-from agentkiln.trainers.rl import TurnSample, update
-from agentkiln.trainers.supervised import OptimConfig, samples_from_states, train_supervised
+from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, save_policy
+from agentkiln.rollout.agents import PolicyAgent
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.sequence import render
+from agentkiln.trainers.batch import build_batch, token_logprobs
+from agentkiln.trainers.rl import update
+from agentkiln.trainers.supervised import OptimConfig, train_supervised
 
-ACTIONS = ["go east", "go west", "take coin"]
-TINY = ModelParams(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_context=128)
+from tests.conftest import expert_episodes, task_texts
 
-
-def policy(seed=0):
-    corpus = [build_prompt(AgentFormat(), "find the coin", ["go east"], f"room {w}", ACTIONS) for w in ("a", "b", "c")]
-    return build_scratch_policy(TINY, corpus, AgentFormat(history=1), seed=seed)
+TINY = ModelParams(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, vocab_size=400, max_context=1024)
 
 
-def test_sft_learns_the_expert_mapping():
+def test_sft_on_whole_episodes_learns_the_expert(lake_pool):
+    tasks, tasks_dir = lake_pool
     torch.manual_seed(0)
-    pol = policy()
-    # observation word decides the action: a -> go east, b -> go west, c -> take coin
-    pairs = [(AgentState("find the coin", [], f"room {w}", ACTIONS), a) for w, a in zip("abc", ACTIONS)] * 8
-    samples = samples_from_states(pol, pairs)
-    cfg = OptimConfig(epochs=30, batch_size=8, lr=1e-2, weight_decay=0.0, warmup_steps=2, max_grad_norm=1.0)
-    hist = train_supervised(pol, samples, cfg, seed=0)
-    assert hist[-1]["loss"] < 0.2 * hist[0]["loss"]
-    states = [p[0] for p in pairs[:3]]
-    assert [g.action for g in PolicyAgent(pol, greedy=True).act(states)] == ACTIONS
+    pol = build_scratch_policy(TINY, task_texts(tasks, tasks_dir), AgentFormat(), seed=0)
+    demos = [render(pol, ep, 16) for ep in expert_episodes(tasks, tasks_dir)]
+    assert all(len(ep.windows) == 1 and ep.n_tokens == sum(len(pol.chat.reply(t.action)) for t in ep.turns)
+               for ep in demos)
+    cfg = OptimConfig(epochs=100, batch_size=2, lr=1e-2, weight_decay=0.0, warmup_steps=2, max_grad_norm=1.0)
+    hist = train_supervised(pol, demos, cfg, seed=0)
+    assert hist[0]["loss"] > 1.0 and hist[-1]["loss"] < 0.05 * hist[0]["loss"] and hist[-1]["token_acc"] > 0.95
+    played = run_episodes(PolicyAgent(pol, greedy=True), tasks, tasks_dir, None)
+    assert sum(ep.won for ep in played) >= 5  # it replays its training walkthroughs (a random policy wins ~1 in 20)
 
 
-def test_rl_step_raises_logprob_of_positive_advantage_action():
+def test_rl_update_raises_logprob_of_positive_advantage_replies(lake_pool):
+    tasks, tasks_dir = lake_pool
     torch.manual_seed(0)
-    pol, ref = policy(), policy()
-    state = AgentState("find the coin", [], "room a", ACTIONS)
-    gens = PolicyAgent(pol, seed=0, temperature=1.0).act([state] * 16)
-    good = gens[0].action
-    adv_per = [1.0 if g.action == good else -1.0 for g in gens]
-    samples = [TurnSample(Sample(g.prompt_ids, g.ids, g.allowed), g.logprobs, [a] * len(g.ids)) for g, a in zip(gens, adv_per)]
-    vocab = len(pol.tokenizer)
-    batch = make_batch([samples[0].sample], pol.pad_id, vocab)
-    before = float(reply_logprobs(pol.model, batch)[0].sum())
+    pol = build_scratch_policy(TINY, task_texts(tasks, tasks_dir), AgentFormat(), seed=0)
+    eps = run_episodes(PolicyAgent(pol, seed=0, temperature=1.0), tasks[:1], tasks_dir, 1, group_size=16)
+    good = eps[0].turns[0].action
+    batch = build_batch(eps, pol.pad_id)
+    sign = torch.tensor([1.0 if ep.turns[0].action == good else -1.0 for ep in eps])
+    batch.advantages = sign[batch.episode][:, None] * batch.loss_mask
+    before, _ = token_logprobs(pol.model, batch, with_entropy=False)
     opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-2)
-    stats = update(pol, ref, None, samples, RLParams(minibatch_size=16), opt, None, torch.Generator().manual_seed(0))
-    after = float(reply_logprobs(pol.model, batch)[0].sum())
-    assert after > before
-    assert {"loss", "kl", "clip_frac", "entropy", "grad_norm"} <= set(stats)
+    stats = update(pol, None, batch, RLParams(minibatch_size=16, kl_coef=0.0), opt, None, torch.Generator().manual_seed(0))
+    after, _ = token_logprobs(pol.model, batch, with_entropy=False)
+    rows = (sign > 0)[batch.seq_ids()]
+    assert after[rows].sum() > before[rows].sum() and after[~rows].sum() < before[~rows].sum()
+    assert {"loss", "pg_loss", "clip_frac", "entropy", "grad_norm"} <= set(stats)
 
 
-def test_save_and_load_round_trip(tmp_path):
-    pol = policy()
+def test_save_and_load_round_trip(lake_pool, tmp_path):
+    tasks, tasks_dir = lake_pool
+    pol = build_scratch_policy(TINY, task_texts(tasks, tasks_dir), AgentFormat(show_admissible=False), seed=0)
     save_policy(pol, tmp_path / "p")
     back = load_policy(tmp_path / "p")
-    assert back.fmt == pol.fmt
-    assert back.tokenizer.encode("go east") == pol.tokenizer.encode("go east")
-    s = AgentState("find the coin", [], "room a", ACTIONS)
-    a = PolicyAgent(pol, greedy=True).act([s])[0]
-    b = PolicyAgent(back, greedy=True).act([s])[0]
-    assert a.ids == b.ids and abs(a.logprobs[0] - b.logprobs[0]) < 1e-5
+    assert back.fmt == pol.fmt and back.max_context == pol.max_context == 1024
+    assert back.chat.reply("go north") == pol.chat.reply("go north") and back.chat.end_id == pol.chat.end_id
+    a = run_episodes(PolicyAgent(pol, greedy=True), tasks[:2], tasks_dir, 3)
+    b = run_episodes(PolicyAgent(back, greedy=True), tasks[:2], tasks_dir, 3)
+    assert [e.ids for e in a] == [e.ids for e in b]
+    assert all("Actions:" not in pol.tokenizer.decode(e.ids) for e in a)  # the saved format is the one played

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentkiln.envs import FAMILIES
 
 PARAMS_FILE = "params.yaml"
 
@@ -97,20 +99,34 @@ class SynthesizeParams(_Strict):
 
 
 TURNS = "turn limit of an episode; null: each task's own (its difficulty's max_turns)"
+DecodingMode = Literal["constrained", "free", "auto"]
+DECODING = ("decoding per task family (keys: family names or `default`): constrained to the admissible actions, "
+            "free generation, or auto (constrained where the family lists admissible actions); {} = auto everywhere")
+REPLY = "tokens a free-form reply may take; null: each family's own default (16; sql 96, python-tool 64, search-qa 32)"
+
+
+def _check_decoding(decoding: dict[str, str]) -> dict[str, str]:
+    for key in decoding:
+        if key != "default" and key not in FAMILIES:
+            raise ValueError(f"decoding.{key}: not a task family ({', '.join(sorted(FAMILIES))}) or `default`")
+    return decoding
 
 
 # --------------------------------------------------------------------------- policy
 class ModelParams(_Strict):
-    """`source: scratch` builds a Llama-style model with random weights and a word-level tokenizer
-    from the synthesized text; any other value is a local directory or hub id for
-    `AutoModelForCausalLM.from_pretrained` (its own tokenizer is used)."""
+    """`source: scratch` builds a Llama-style model with random weights and a byte-level BPE tokenizer
+    trained on the synthesized text; any other value is a local Hugging Face directory (or a hub id
+    where a hub is reachable) for `AutoModelForCausalLM.from_pretrained`, with its own tokenizer and
+    chat template. The sizes apply to scratch models only; `max_context` to both."""
 
     source: str = "scratch"
     hidden_size: int = Field(128, ge=8)
     num_layers: int = Field(4, ge=1)
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(512, ge=8)
-    max_context: int = Field(512, ge=32)
+    vocab_size: int = Field(2048, ge=300, description="scratch: BPE vocabulary trained on the task text")
+    max_context: int = Field(1024, ge=64, description="tokens of one episode window (longer episodes continue "
+                             "in a new window: docs/episodes.md)")
 
     @model_validator(mode="after")
     def _heads(self):
@@ -121,11 +137,20 @@ class ModelParams(_Strict):
         return self
 
 
+class AgentParams(_Strict):
+    """How the agent talks (saved with the model as agent.json; every later stage reads it there)."""
+
+    system_prompt: str | None = Field(None, description="null: the chat template's default (none for scratch)")
+    show_admissible: bool = Field(True, description="list the valid actions in every message (families that have them)")
+    observation_role: Literal["user", "tool"] = Field("user", description="role of environment messages")
+    native_tools: bool = Field(False, description="tool families: replies as the template's native tool calls")
+
+
 class SFTParams(_Strict):
     model: ModelParams = ModelParams()
-    history: int = Field(2, ge=0, description="previous (action, observation) steps in the prompt")
+    agent: AgentParams = AgentParams()
     epochs: int = Field(8, ge=1)
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, description="episodes per optimizer step")
     lr: float = Field(2e-3, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(20, ge=0)
@@ -146,8 +171,10 @@ class RLParams(_Strict):
     episode_budget: int | None = Field(None, ge=1, description="stop once this many episodes were played")
     max_turns: int | None = Field(None, ge=1, description=TURNS)
     temperature: float = Field(1.0, gt=0)
-    decoding: Literal["constrained", "free"] = Field("constrained", description="constrained to the admissible "
-                                                     "actions, or free generation over the vocabulary")
+    decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
+    max_reply_tokens: int | None = Field(None, ge=1, description=REPLY)
+    rollout_batch: int = Field(64, ge=1, description="episodes played in lockstep (one KV cache)")
+    _decoding = field_validator("decoding")(_check_decoding)
     # rollout tricks
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
     max_sample_rounds: int = Field(3, ge=1, description="rollout rounds per iteration to fill the batch")
@@ -239,8 +266,10 @@ class DistillParams(_Strict):
                                   "on-policy warm start) and the student's in each on-policy round")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of those episodes")
     max_turns: int | None = Field(None, ge=1, description=TURNS)
+    decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
+    max_reply_tokens: int | None = Field(None, ge=1, description=REPLY)
     epochs: int = Field(8, ge=1, description="passes over the teacher's episodes (trajectory, forward-kl)")
-    batch_size: int = Field(32, ge=1, description="turns per optimizer step")
+    batch_size: int = Field(32, ge=1, description="episodes per optimizer step")
     lr: float = Field(3e-3, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(20, ge=0, description="linear lr warm-up, then cosine (trajectory, forward-kl, "
@@ -258,6 +287,7 @@ class DistillParams(_Strict):
     iterations: int = Field(20, ge=1, description="on-policy: rounds of student sampling + one reverse-KL pass")
     tasks_per_iter: int = Field(16, ge=1, description="on-policy: tasks the student plays per round")
     onpolicy_lr: float | None = Field(None, gt=0, lt=1, description="on-policy rounds' constant lr; null: lr")
+    _decoding = field_validator("decoding")(_check_decoding)
 
 
 class PassKParams(_Strict):
@@ -270,7 +300,10 @@ class PassKParams(_Strict):
 
 class EvaluateParams(_Strict):
     max_turns: int | None = Field(None, ge=1, description=TURNS)
-    decoding: Literal["constrained", "free"] = "constrained"
+    decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
+    max_reply_tokens: int | None = Field(None, ge=1, description=REPLY)
+    batch_size: int = Field(128, ge=1, description="episodes played in lockstep (one KV cache)")
+    _decoding = field_validator("decoding")(_check_decoding)
     policies: list[Literal["random", "oracle", "sft", "rl", "distilled"]] = ["random", "oracle", "sft", "rl", "distilled"]
     confidence: float = Field(0.95, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="seeds the random baseline and the pass@k samples")

@@ -95,6 +95,15 @@ class Env:
 
     family = ""
     free_form = False  # True: admissible is None and actions are free text (tool calls)
+    max_reply_tokens = 16  # the family's default reply budget (tokens a free-form reply may take)
+    tools: tuple[tuple[str, str, str], ...] = ()  # (name, argument, description): `name[argument]` actions
+
+    @classmethod
+    def tool_specs(cls) -> list[dict]:
+        """The family's tools as function schemas (what a chat template's `tools=` renders)."""
+        return [{"type": "function", "function": {"name": name, "description": what, "parameters": {
+            "type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}}
+            for name, arg, what in cls.tools]
 
     def __init__(self, task: TaskSpec, max_turns: int | None = None, tasks_dir: str | Path | None = None):
         self.task = task

@@ -119,6 +119,9 @@ def run_tool(code: str) -> tuple[SandboxResult, str]:
 class PythonToolEnv(Env):
     family = "python-tool"
     free_form = True
+    max_reply_tokens = 64
+    tools = (("python", "code", "Run Python code in a sandbox and see what it prints."),
+             ("answer", "value", "Give the final answer."))
 
     def _reset(self) -> Observation:
         d = self.task.data

@@ -224,6 +224,9 @@ def kb_of(data: dict) -> KB:
 class SearchQAEnv(Env):
     family = "search-qa"
     free_form = True
+    max_reply_tokens = 32
+    tools = (("search", "query", "Search the knowledge base and see the top documents."),
+             ("answer", "text", "Give the final answer."))
 
     def _reset(self) -> Observation:
         data = self.task.data

@@ -279,6 +279,9 @@ def db_of(data: dict) -> Database:
 class SQLEnv(Env):
     family = "sql"
     free_form = True
+    max_reply_tokens = 96
+    tools = (("sql", "query", "Run one read-only SQLite query and see its first rows."),
+             ("answer", "value", "Give the final answer (a value, not a query)."))
 
     def _reset(self) -> Observation:
         d = self.task.data

@@ -53,8 +53,8 @@ def resolve_policy(source: str, params, init: str | None = None):
 def transcript(episode) -> str:
     lines = [f"--- {episode.task_id} ({episode.family}): {'won' if episode.won else 'lost'} in {len(episode.turns)} turns"]
     for i, t in enumerate(episode.turns, 1):
-        lines.append(f"[{i}] {t.state.observation.strip()[:300]}")
-        lines.append(f"    > {t.gen.action}{'  (invalid)' if t.invalid else ''}  reward {t.reward:+.2f}")
+        lines.append(f"[{i}] {t.observation.strip()[:300]}")
+        lines.append(f"    > {t.reply}{'  (invalid)' if t.invalid else ''}  reward {t.reward:+.2f}")
     return "\n".join(lines)
 
 
@@ -77,10 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     from agentkiln.evaluate.panels import load_panel, panel_id
     from agentkiln.evaluate.report import comparison_table, efficiency_table, family_table, markdown_table, pass_k_table
     from agentkiln.evaluate.stats import compare_paired
-    from agentkiln.rollout.agents import PolicyAgent
     from agentkiln.rollout.engine import run_episodes
     from agentkiln.stages.common import seed_everything
-    from agentkiln.stages.evaluate import greedy_agent, pass_k_ks, task_levels
+    from agentkiln.stages.evaluate import greedy_agent, pass_k_ks, policy_agent, task_levels
 
     try:
         params = load_params(args.params)
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics[name] = panel_summary(recs, ev.confidence) | {"n_params": policy.n_params() if policy else None}
         per_task[name] = [int(r["won"]) for r in recs]
         if args.samples and policy is not None:
-            sampler = PolicyAgent(policy, temperature=args.temperature, seed=ev.seed, decoding=ev.decoding)
+            sampler = policy_agent(policy, ev, temperature=args.temperature, seed=ev.seed)
             eps = run_episodes(sampler, tasks, args.tasks, ev.max_turns, group_size=args.samples, progress=f"pass@k {name}")
             srecs = records(eps, tasks, args.samples, levels, args.panel)
             curve = pass_at_k_curve(srecs, pass_k_ks(args.samples))

@@ -3,26 +3,27 @@ oracle (the ceiling: each environment's own solver, reading the true state, not 
 
 from __future__ import annotations
 
-from agentkiln.rollout.agents import AgentState, RandomAgent
-from agentkiln.rollout.constrained import Generation
+from agentkiln.envs import Env
+from agentkiln.rollout.agents import RandomAgent
+from agentkiln.rollout.episode import Episode
 
 __all__ = ["OracleAgent", "RandomAgent", "BASELINES"]
 
 
 class OracleAgent:
-    """Plays `env.expert_action()` (shortest path, A* for Sokoban, the gold query for tools).
-    The rollout engine hands it the environments because `needs_env` is set. When the expert has
-    nothing to say (it gave up), it plays the first admissible action, which is counted as played."""
+    """Plays `env.expert_action()` (shortest path, A* for Sokoban, the gold query for tools). When the
+    expert has nothing to say (it gave up), it plays the first admissible action, which is counted as played."""
 
-    needs_env = True
+    batch_size = None
 
-    def act(self, states: list[AgentState], envs) -> list[Generation]:
+    def act(self, episodes: list[Episode], envs: list[Env]) -> list[str]:
         out = []
-        for s, env in zip(states, envs):
+        for ep, env in zip(episodes, envs):
             action = env.expert_action()
             if action is None:
-                action = s.admissible[0] if s.admissible else ""
-            out.append(Generation(ids=[], allowed=[], logprobs=[], action=action))
+                adm = ep.turns[-1].admissible
+                action = adm[0] if adm else ""
+            out.append(action)
         return out
 
 

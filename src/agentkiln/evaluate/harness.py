@@ -13,7 +13,8 @@ from pathlib import Path
 
 from agentkiln.envs import TaskSpec
 from agentkiln.evaluate.stats import pass_at_k, wilson_interval
-from agentkiln.rollout.engine import Episode, run_episodes
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.episode import Episode
 
 TOOL_CALL = re.compile(r"\s*([A-Za-z_]+)\s*\[")
 
@@ -22,7 +23,7 @@ def tool_calls(episode: Episode) -> int:
     """Calls of a tool (`name[...]` other than `answer[...]`) in free-form families (no admissible list)."""
     n = 0
     for t in episode.turns:
-        m = TOOL_CALL.match(t.gen.action) if not t.state.admissible else None
+        m = TOOL_CALL.match(t.action) if not t.admissible else None
         n += bool(m and m.group(1).lower() != "answer")
     return n
 
@@ -40,7 +41,7 @@ def records(episodes: list[Episode], tasks: list[TaskSpec], samples: int, levels
         out.append({
             "task_id": task.task_id, "family": task.family, "task_type": task.task_type,
             "level": (levels or {}).get(task.task_type, "unknown"), "panel": panel, "sample": i % samples,
-            "won": bool(e.won), "turns": len(e.turns), "tokens": sum(len(t.gen.ids) for t in e.turns),
+            "won": bool(e.won), "turns": len(e.turns), "tokens": e.n_tokens,
             "invalid": e.n_invalid, "tool_calls": tool_calls(e),
         })
     return out

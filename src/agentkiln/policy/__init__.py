@@ -1,6 +1,8 @@
-"""The policy: a causal LM, its tokenizer and the prompt format it was trained with."""
+"""The policy: a causal LM, its tokenizer and chat template, and the agent format it was trained with."""
 
+from agentkiln.policy.chat import ChatFormat
 from agentkiln.policy.model import Policy, build_scratch_model, build_scratch_policy, load_policy, save_policy
-from agentkiln.policy.prompt import AgentFormat, build_prompt
+from agentkiln.policy.prompt import AgentFormat, observation_text, parse_reply, render_action
 
-__all__ = ["AgentFormat", "Policy", "build_prompt", "build_scratch_model", "build_scratch_policy", "load_policy", "save_policy"]
+__all__ = ["AgentFormat", "ChatFormat", "Policy", "build_scratch_model", "build_scratch_policy", "load_policy",
+           "observation_text", "parse_reply", "render_action", "save_policy"]

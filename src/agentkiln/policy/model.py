@@ -1,64 +1,62 @@
-"""Build, load and save the policy: a Llama-style causal LM + tokenizer + prompt format.
+"""Build, load and save the policy: a causal LM, its tokenizer (with a chat template) and the agent
+format it was trained with.
 
-`source: scratch` builds a small model with random weights (the embedded CPU default); any other
-source is a local directory or hub id loaded with `from_pretrained` (the same code path after that).
+`source: scratch` builds a small Llama-style model with random weights and a BPE tokenizer trained
+on the task text (the embedded CPU default). Any other source is a local Hugging Face directory
+(Qwen2, Llama, ...: `from_pretrained`), or a hub id where a hub is reachable; after loading, every
+policy goes through the same code. A tokenizer that cannot encode the task text or has no chat
+template stops the run at load, naming the directory.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from agentkiln.config import ModelParams
+from agentkiln.policy.chat import ChatFormat
 from agentkiln.policy.prompt import AgentFormat
-from agentkiln.policy.tokenizer import build_word_tokenizer
+from agentkiln.policy.tokenizer import build_scratch_tokenizer, check_tokenizer
 
 AGENT_FILE = "agent.json"
-MAX_ACTION_TOKENS = 16  # room kept at the end of the context for the reply
+# what every policy's tokenizer must encode and decode back (plus the task text a stage passes)
+PROBE_TEXTS = ["go north", "take the red key from the table", "search[polo shirt]",
+               "sql[SELECT name FROM employees WHERE salary > 52000]", "python[print((50 + 25) * 7 / 3)]"]
 
 
 @dataclass
 class Policy:
     model: torch.nn.Module
-    tokenizer: object  # a transformers PreTrainedTokenizerBase
-    fmt: AgentFormat
+    tokenizer: object  # a transformers tokenizer with a chat template
+    fmt: AgentFormat = field(default_factory=AgentFormat)
+    context: int = 1024  # the agent's context window (tokens of one episode window)
+    source: str = "policy"
 
-    @property
-    def eos_id(self) -> int:
-        return self.tokenizer.eos_token_id
+    @cached_property
+    def chat(self) -> ChatFormat:
+        return ChatFormat(self.tokenizer, self.fmt.system_prompt, self.fmt.observation_role, self.source)
 
     @property
     def pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
-        return self.eos_id if pad is None else pad
+        return self.chat.end_id if pad is None else pad
 
     @property
     def max_context(self) -> int:
-        return min(int(getattr(self.model.config, "max_position_embeddings", 2048)), 4096)
+        return min(self.context, int(getattr(self.model.config, "max_position_embeddings", self.context)))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().num_embeddings
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """Prompt ids, left-truncated so that prompt + reply fit the context."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        bos = self.tokenizer.bos_token_id
-        budget = self.max_context - MAX_ACTION_TOKENS - (bos is not None)
-        ids = ids[-budget:]
-        return ([bos] if bos is not None else []) + ids
-
-    def encode_action(self, action: str) -> list[int]:
-        """The reply the policy must produce for `action`: its tokens then end-of-sequence.
-
-        The prompt ends with a marker and the reply follows after a space: BPE tokenizers (real
-        models) encode a word differently after a space; the word-level one ignores it."""
-        ids = self.tokenizer.encode(" " + action, add_special_tokens=False)
-        return ids[: MAX_ACTION_TOKENS - 1] + [self.eos_id]
 
 
 def build_scratch_model(params: ModelParams, tokenizer, seed: int) -> LlamaForCausalLM:
@@ -81,20 +79,33 @@ def build_scratch_model(params: ModelParams, tokenizer, seed: int) -> LlamaForCa
 
 
 def build_scratch_policy(params: ModelParams, texts: Iterable[str], fmt: AgentFormat, seed: int) -> Policy:
-    """The embedded default: word-level tokenizer from `texts` + a random-init model."""
-    tokenizer = build_word_tokenizer(texts)
-    return Policy(model=build_scratch_model(params, tokenizer, seed), tokenizer=tokenizer, fmt=fmt)
+    """The embedded default: a BPE tokenizer trained on `texts` + a random-init model."""
+    tokenizer = build_scratch_tokenizer(texts, params.vocab_size)
+    return Policy(build_scratch_model(params, tokenizer, seed), tokenizer, fmt, params.max_context, "scratch")
 
 
-def load_policy(source: str | Path, fmt: AgentFormat | None = None) -> Policy:
-    """Load a saved policy directory, or any local/hub causal LM (then `fmt` or the default)."""
+def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int | None = None,
+                probe: Iterable[str] = ()) -> Policy:
+    """A saved policy directory (its agent.json gives format and context), or any causal LM directory
+    (then `fmt` / `context` or the defaults). Checks the tokenizer on PROBE_TEXTS + `probe`."""
     source = str(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    agent_file = Path(source) / AGENT_FILE
+    path = Path(source)
+    if not path.is_dir() and (path.is_absolute() or source.startswith((".", "models/", "data/"))):
+        raise FileNotFoundError(f"{source}: no such model directory (run the stage that writes it, or fix the path)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as e:
+        where = "a model directory" if path.is_dir() else "a local directory, and loading it as a hub id failed"
+        raise FileNotFoundError(f"{source}: not {where} with config.json, weights and tokenizer files ({e})") from e
+    meta = json.loads((path / AGENT_FILE).read_text()) if (path / AGENT_FILE).is_file() else {}
     if fmt is None:
-        fmt = AgentFormat(**json.loads(agent_file.read_text())) if agent_file.is_file() else AgentFormat()
-    return Policy(model=model, tokenizer=tokenizer, fmt=fmt)
+        fmt = AgentFormat.from_dict(meta["format"]) if meta else AgentFormat()
+    context = context or meta.get("context") or int(getattr(model.config, "max_position_embeddings", 2048))
+    check_tokenizer(tokenizer, [*PROBE_TEXTS, *probe], source)
+    policy = Policy(model.eval(), tokenizer, fmt, context, source)
+    policy.chat  # noqa: B018  (a template that cannot be split fails here, at load)
+    return policy
 
 
 def save_policy(policy: Policy, out_dir: str | Path) -> Path:
@@ -102,5 +113,6 @@ def save_policy(policy: Policy, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     policy.model.save_pretrained(out)
     policy.tokenizer.save_pretrained(out)
-    (out / AGENT_FILE).write_text(json.dumps(policy.fmt.to_dict(), indent=2, sort_keys=True) + "\n")
+    meta = {"format": policy.fmt.to_dict(), "context": policy.context}
+    (out / AGENT_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out

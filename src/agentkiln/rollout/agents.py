@@ -1,81 +1,143 @@
-"""Agents map environment states to actions: the LM policy (constrained decoding) and the random
-admissible-action baseline. Both return `Generation`s so the rollout engine treats them alike."""
+"""Agents reply to the latest observation of each active episode: the LM policy (one token sequence
+per episode, its KV cache kept across turns) and the random-action baseline.
+
+`act(episodes, envs)` returns one reply text per episode (None: the episode can no longer go on),
+the engine parses and steps it. The policy agent also writes each episode's token ids: the
+observation pieces it appends and the reply ids exactly as sampled, with their log-probs.
+"""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import torch
 
+from agentkiln.envs import Env
 from agentkiln.policy.model import Policy
-from agentkiln.policy.prompt import build_prompt
-from agentkiln.rollout.constrained import ActionTrie, Generation, generate_actions
+from agentkiln.policy.prompt import render_action
+from agentkiln.rollout.decoding import ActionTrie, sample
+from agentkiln.rollout.episode import Episode
+from agentkiln.rollout.kv import KVRows
+from agentkiln.rollout.sequence import CUT, NEW_WINDOW, add_observation, add_reply
+
+DECODING_MODES = ("constrained", "free")
 
 
-@dataclass
-class AgentState:
-    goal: str
-    past_actions: list[str]
-    observation: str
-    admissible: list[str]
+def decoding_mode(decoding: dict[str, str], family: str, admissible: list[str] | None) -> str:
+    """A family's decoding: its entry in `decoding`, else the `default` entry, else constrained
+    when the family lists admissible actions and free when it does not (tool families)."""
+    mode = decoding.get(family, decoding.get("default", "auto"))
+    if mode == "constrained" and not admissible:
+        return "free"  # nothing to constrain to
+    if mode == "auto":
+        return "constrained" if admissible else "free"
+    return mode
 
 
 class PolicyAgent:
-    def __init__(
-        self,
-        policy: Policy,
-        temperature: float = 1.0,
-        greedy: bool = False,
-        seed: int = 0,
-        batch_size: int = 64,
-        decoding: str = "constrained",
-    ):
-        if decoding not in ("constrained", "free"):
-            raise ValueError(f"decoding {decoding!r}: expected constrained or free")
+    def __init__(self, policy: Policy, temperature: float = 1.0, greedy: bool = False, seed: int = 0,
+                 batch_size: int = 64, decoding: dict[str, str] | None = None, max_reply_tokens: int | None = None):
         self.policy, self.temperature, self.greedy, self.batch_size = policy, temperature, greedy, batch_size
-        self.decoding = decoding
+        self.decoding = dict(decoding or {})
+        for family, mode in self.decoding.items():
+            if mode not in (*DECODING_MODES, "auto"):
+                raise ValueError(f"decoding.{family} = {mode!r}: expected constrained, free or auto")
+        self.max_reply_tokens = max_reply_tokens
         self.generator = torch.Generator().manual_seed(seed)
-        self._action_ids: dict[str, list[int]] = {}
+        self._reply_ids: dict[tuple, list[int]] = {}
 
-    def _trie(self, admissible: list[str]) -> ActionTrie:
-        for a in admissible:
-            if a not in self._action_ids:
-                self._action_ids[a] = self.policy.encode_action(a)
-        return ActionTrie({a: self._action_ids[a] for a in admissible})
+    # -- a chunk of episodes played in lockstep --------------------------------------------------
+    def begin(self, episodes: list[Episode]) -> None:
+        self.kv = KVRows(self.policy.model, self.policy.pad_id, len(episodes))
+        self.row = {id(ep): r for r, ep in enumerate(episodes)}
+        self.fed = [0] * len(episodes)  # tokens of each row's current window already in the cache
 
-    def act(self, states: list[AgentState]) -> list[Generation]:
-        """One action per state: constrained to its admissible actions (a prefix trie over their ids),
-        or, with decoding="free", generated over the whole vocabulary (the prompt still lists the
-        admissible actions; an action outside them is the environment's invalid step)."""
-        if self.decoding == "constrained" and any(not s.admissible for s in states):
-            raise ValueError(
-                "constrained decoding needs a non-empty admissible action list per state: free-form families "
-                "(search-qa, sql, python-tool) cannot be played by this agent; leave them out of the splits"
-            )
-        prompts = [
-            self.policy.encode_prompt(build_prompt(self.policy.fmt, s.goal, s.past_actions, s.observation, s.admissible))
-            for s in states
-        ]
-        tries = [self._trie(s.admissible) if self.decoding == "constrained" else None for s in states]
-        out: list[Generation] = []
-        for i in range(0, len(states), self.batch_size):
-            out += generate_actions(
-                self.policy,
-                prompts[i : i + self.batch_size],
-                tries[i : i + self.batch_size],
-                temperature=self.temperature,
-                greedy=self.greedy,
-                generator=self.generator,
-            )
+    def act(self, episodes: list[Episode], envs: list[Env]) -> list[str | None]:
+        self.policy.model.eval()
+        rows = [self.row[id(ep)] for ep in episodes]
+        budgets = [self.max_reply_tokens or env.max_reply_tokens for env in envs]
+        go = [self._append_observation(r, ep, env, n) for r, ep, env, n in zip(rows, episodes, envs, budgets)]
+        live = [k for k, ok in enumerate(go) if ok]  # cut episodes leave the batch now
+        blocks = {}
+        for k in live:
+            ep = episodes[k]
+            blocks[rows[k]] = ep.window_ids(len(ep.windows) - 1)[self.fed[rows[k]]:]
+        self.kv.prepare([rows[k] for k in live], [len(blocks[rows[k]]) for k in live])
+        out: list[str | None] = [None] * len(episodes)
+        if live:
+            texts = self._decode([episodes[k] for k in live], [rows[k] for k in live], [envs[k] for k in live],
+                                 [budgets[k] for k in live], blocks)
+            for k, text in zip(live, texts):
+                out[k] = text
         return out
+
+    def _append_observation(self, row: int, ep: Episode, env: Env, reply_budget: int) -> bool:
+        """Append the latest observation's ids; a new window restarts the row's cache. False: cut."""
+        tools = env.tool_specs() if self.policy.fmt.native_tools else None
+        status = add_observation(ep, self.policy, reply_budget, tools)
+        if status == NEW_WINDOW:
+            self.kv.restart(row)
+            self.fed[row] = 0
+        return status != CUT
+
+    # -- replies ---------------------------------------------------------------------------------
+    def _trie(self, admissible: list[str], tools: list[dict] | None) -> ActionTrie:
+        seqs = {}
+        for a in admissible:
+            key = (a, bool(tools))
+            if key not in self._reply_ids:
+                self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, a, tools))
+            seqs[a] = self._reply_ids[key]
+        return ActionTrie(seqs)
+
+    def _decode(self, episodes: list[Episode], rows: list[int], envs: list[Env], budgets: list[int],
+                blocks: dict[int, list[int]]) -> list[str]:
+        chat = self.policy.chat
+        tries = []
+        for ep, env in zip(episodes, envs):
+            adm = ep.turns[-1].admissible
+            constrained = decoding_mode(self.decoding, ep.family, adm) == "constrained"
+            tools = env.tool_specs() if self.policy.fmt.native_tools else None
+            tries.append(self._trie(adm, tools) if constrained else None)
+        logits = self.kv.feed(blocks)
+        n = len(episodes)
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        ents: list[list[float]] = [[] for _ in range(n)]
+        allowed_log: list[list[list[int]]] = [[] for _ in range(n)]
+        live = list(range(n))
+        while live:
+            allowed = [tries[k].allowed(ids[k]) if tries[k] else None for k in live]
+            toks, lp, ent = sample(torch.stack([logits[rows[k]] for k in live]), allowed, self.temperature,
+                                   self.greedy, self.generator)
+            still = []
+            for k, a, t, l, e in zip(live, allowed, toks, lp, ent):
+                ids[k].append(t)
+                lps[k].append(l)
+                ents[k].append(e)
+                if a is not None:
+                    allowed_log[k].append(a)
+                if not (t in chat.stop_ids or (tries[k] is None and len(ids[k]) >= budgets[k])):
+                    still.append(k)
+            live = still
+            if live:
+                logits = self.kv.step({rows[k]: ids[k][-1] for k in live})
+        texts = []
+        for k, ep in enumerate(episodes):
+            add_reply(ep, ids[k], lps[k], ents[k], allowed_log[k] if tries[k] else None)
+            self.fed[rows[k]] = len(ep.window_ids(ep.turns[-1].window)) - 1  # the last token goes in with the next piece
+            texts.append(tries[k].action(ids[k]) if tries[k] else chat.decode(ids[k]))
+        return texts
 
 
 class RandomAgent:
-    """Uniform over the admissible actions: the floor every trained policy must clear."""
+    """Uniform over the admissible actions: the floor every trained policy must clear. On a free-form
+    family (no admissible list) it replies nothing, which the environment counts as invalid."""
+
+    batch_size = None
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
-    def act(self, states: list[AgentState]) -> list[Generation]:
-        return [Generation(ids=[], allowed=[], logprobs=[], action=self.rng.choice(s.admissible)) for s in states]
+    def act(self, episodes: list[Episode], envs: list[Env]) -> list[str]:
+        return [self.rng.choice(ep.turns[-1].admissible) if ep.turns[-1].admissible else "" for ep in episodes]

@@ -25,14 +25,15 @@ from agentkiln.config import Params
 from agentkiln.evaluate.harness import outcomes, play
 from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
 from agentkiln.policy import load_policy
-from agentkiln.rollout.agents import PolicyAgent
+from agentkiln.stages.evaluate import policy_agent
 from agentkiln.stages.common import load_split
 from agentkiln.trainers.rl import train_rl
 
 
-def play_panel(policy, panel, tasks_dir: Path, max_turns: int | None, desc: str) -> list[int]:
+def play_panel(policy, panel, tasks_dir: Path, evaluate, desc: str) -> list[int]:
     """Per-task greedy outcomes on the panel, through the evaluation harness."""
-    return outcomes(play(PolicyAgent(policy, greedy=True), panel, tasks_dir, max_turns, progress=desc))
+    return outcomes(play(policy_agent(policy, evaluate, greedy=True), panel, tasks_dir, evaluate.max_turns,
+                         progress=desc))
 
 
 def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_dir: Path, log=None):
@@ -87,7 +88,7 @@ def run_job(params: Params, arm: str, seed: int, tasks_dir: Path, threads: int |
     a = params.ablation
     pool, panel = load_split(tasks_dir, "rl"), load_split(tasks_dir, a.panel)
     policy, curve = train_arm(params, arm, seed, pool, tasks_dir, paths.model_dir(a.init))
-    won = play_panel(policy, panel, tasks_dir, params.evaluate.max_turns, f"ablation: {arm} seed {seed} on {a.panel}")
+    won = play_panel(policy, panel, tasks_dir, params.evaluate, f"ablation: {arm} seed {seed} on {a.panel}")
     return won, curve, time.perf_counter() - start
 
 
@@ -99,7 +100,7 @@ def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=Non
     a = params.ablation
     panel = load_split(tasks_dir, a.panel)
     init_dir = paths.model_dir(a.init)
-    init_outcomes = play_panel(load_policy(init_dir), panel, tasks_dir, params.evaluate.max_turns,
+    init_outcomes = play_panel(load_policy(init_dir), panel, tasks_dir, params.evaluate,
                                f"ablation: {a.init} on {a.panel}")
     jobs = [(arm, seed) for arm in a.arms for seed in a.seeds]
     results: dict[tuple[str, int], tuple] = {}

@@ -1,17 +1,16 @@
-"""Helpers every stage uses: seeding, reading split manifests, turning expert rows into states."""
+"""Helpers every stage uses: seeding, reading split manifests, expert demonstrations as episodes."""
 
 from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from agentkiln.rollout.agents import AgentState
 from agentkiln.evaluate.panels import load_panel as load_split  # noqa: F401  (re-exported)
 from agentkiln.evaluate.panels import split_exists  # noqa: F401
+from agentkiln.rollout.episode import Episode, Turn
 
 
 def seed_everything(seed: int, threads: int) -> None:
@@ -24,12 +23,15 @@ def seed_everything(seed: int, threads: int) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def expert_pairs(df) -> list[tuple[AgentState, str]]:
-    """Rebuild what the agent saw at each expert step (past actions come from earlier rows)."""
-    pairs = []
-    for _, rows in df.sort_values(["task_id", "step"]).groupby("task_id", sort=True):
-        past: list[str] = []
+def expert_episodes(df) -> list[Episode]:
+    """The expert's episodes as text (observation, admissible actions, action per turn), in task order;
+    `rollout.sequence.render` turns them into the token sequences a policy trains on."""
+    out = []
+    for g, (task_id, rows) in enumerate(df.sort_values(["task_id", "step"]).groupby("task_id", sort=True)):
+        first = rows.iloc[0]
+        ep = Episode(task_id, first.family, g, first.task_type, goal=first.goal, won=bool(rows["done"].iloc[-1]))
         for r in rows.itertuples():
-            pairs.append((AgentState(r.goal, list(past), r.observation, json.loads(r.admissible)), r.action))
-            past.append(r.action)
-    return pairs
+            ep.turns.append(Turn(r.observation, json.loads(r.admissible), "", reply=r.action, action=r.action,
+                                 reward=r.reward))
+        out.append(ep)
+    return out

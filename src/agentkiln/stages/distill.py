@@ -1,6 +1,8 @@
 """Distillation: a smaller student learns from the RL teacher, in one of three modes (docs/distillation.md).
 
-- `trajectory`: SFT on the teacher's successful episodes (rejection sampling); any student tokenizer.
+- `trajectory`: SFT on the teacher's successful episodes (rejection sampling). A student that talks
+  exactly like the teacher (same tokenizer, template, format, context) trains on the teacher's
+  generated ids; any other student on the same episodes rendered with its own tokenizer.
 - `forward-kl`: KL(teacher || student) at every reply token of the teacher's episodes.
 - `on-policy`: optional trajectory warm start, then rounds of student sampling scored by the teacher,
   KL(student || teacher) on the student's own tokens (GKD).
@@ -15,22 +17,32 @@ from agentkiln.config import DistillParams, Params
 from agentkiln.policy import Policy, load_policy, save_policy
 from agentkiln.policy.model import build_scratch_model
 from agentkiln.rollout.agents import PolicyAgent
-from agentkiln.rollout.engine import Episode, run_episodes
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.episode import Episode
 from agentkiln.stages.common import load_split
-from agentkiln.stages.sft import optim_config
-from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy, turn_samples
-from agentkiln.trainers.supervised import samples_from_states, train_supervised
+from agentkiln.stages.sft import optim_config, render_all
+from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy
+from agentkiln.trainers.supervised import train_supervised
 
 
 def build_student(p: DistillParams, teacher: Policy, seed: int) -> Policy:
-    if p.student.source == "scratch":  # the teacher's tokenizer and prompt format
-        return Policy(build_scratch_model(p.student, teacher.tokenizer, seed=seed), teacher.tokenizer, teacher.fmt)
-    return load_policy(p.student.source, teacher.fmt)
+    if p.student.source == "scratch":  # the teacher's tokenizer and agent format
+        model = build_scratch_model(p.student, teacher.tokenizer, seed=seed)
+        return Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, "scratch student")
+    return load_policy(p.student.source, teacher.fmt, context=p.student.max_context)
+
+
+def speaks_like(student: Policy, teacher: Policy) -> bool:
+    """Same ids for the same conversation: the teacher's generated ids are the student's to train on."""
+    return (student.tokenizer is teacher.tokenizer or student.tokenizer.get_vocab() == teacher.tokenizer.get_vocab()) \
+        and student.tokenizer.chat_template == teacher.tokenizer.chat_template and student.fmt == teacher.fmt \
+        and student.max_context >= teacher.max_context
 
 
 def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, seed: int) -> list[Episode]:
     """`samples_per_task` teacher episodes per task at `temperature` (the same in every mode)."""
-    agent = PolicyAgent(teacher, temperature=p.temperature, seed=seed)
+    agent = PolicyAgent(teacher, temperature=p.temperature, seed=seed, decoding=p.decoding,
+                        max_reply_tokens=p.max_reply_tokens)
     return run_episodes(agent, pool, tasks_dir, p.max_turns, group_size=p.samples_per_task, progress="teacher rollouts")
 
 
@@ -50,28 +62,25 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
         report |= {"teacher_episodes": len(episodes), "teacher_sample_success": len(won) / max(1, len(episodes))}
 
     if sft_epochs:  # trajectory mode, or on-policy's warm start
-        pairs = [(t.state, t.gen.action) for e in won for t in e.turns]  # rejection sampling
-        samples = samples_from_states(student, pairs)
+        same = speaks_like(student, teacher)
+        demos = won if same else render_all(student, won, p.max_reply_tokens)  # rejection sampling
         cfg = replace(optim_config(p), epochs=sft_epochs)
         desc = "distill" if p.mode == "trajectory" else "distill-warmup"
-        history = train_supervised(student, samples, cfg, seed=params.seed, log=log, desc=desc)
-        if p.mode == "trajectory":
-            report |= {"n_samples": len(samples), "final_loss": history[-1]["loss"]}
-        else:
-            report |= {"warmup_samples": len(samples), "warmup_final_loss": history[-1]["loss"]}
+        history = train_supervised(student, demos, cfg, seed=params.seed, log=log, desc=desc)
+        prefix = "" if p.mode == "trajectory" else "warmup_"
+        report |= {f"{prefix}n_episodes": len(demos), f"{prefix}final_loss": history[-1]["loss"],
+                   "teacher_ids": same}
 
     if p.mode == "forward-kl":
         kept = won if p.only_successful else episodes
-        samples = turn_samples(kept)
-        history = train_forward_kl(student, teacher, samples, optim_config(p), KDConfig(p.kd_temperature, p.kd_support),
+        history = train_forward_kl(student, teacher, kept, optim_config(p), KDConfig(p.kd_temperature, p.kd_support),
                                    seed=params.seed, log=log)
-        report |= {"kept_episodes": len(kept), "n_samples": len(samples), "n_tokens": history[-1]["tokens"],
+        report |= {"kept_episodes": len(kept), "n_tokens": history[-1]["tokens"],
                    "final_loss": history[-1]["loss"], "final_teacher_logprob": history[-1]["teacher_logprob"]}
 
     if p.mode == "on-policy":
         rounds = train_on_policy(student, teacher, pool, tasks_dir, p, seed=params.seed, log=log)
-        report |= {"student_episodes": sum(r["episodes"] for r in rounds),
-                   "n_samples": sum(r["turns"] for r in rounds), "n_tokens": sum(r["tokens"] for r in rounds),
+        report |= {"student_episodes": sum(r["episodes"] for r in rounds), "n_tokens": sum(r["tokens"] for r in rounds),
                    "final_loss": rounds[-1]["loss"], "final_success": rounds[-1]["success"], "rounds": rounds}
 
     save_policy(student, out_dir)

@@ -35,7 +35,13 @@ def greedy_agent(name: str, policy, params: Params):
         return RandomAgent(seed=p.seed)
     if name == "oracle":
         return OracleAgent()
-    return PolicyAgent(policy, greedy=True, decoding=p.decoding)
+    return policy_agent(policy, p, greedy=True)
+
+
+def policy_agent(policy, p, greedy: bool = False, temperature: float = 1.0, seed: int = 0) -> PolicyAgent:
+    """The agent that plays a policy on a panel, with the evaluate section's decoding settings."""
+    return PolicyAgent(policy, temperature=temperature, greedy=greedy, seed=seed, batch_size=p.batch_size,
+                       decoding=p.decoding, max_reply_tokens=p.max_reply_tokens)
 
 
 def pass_k_ks(samples: int) -> list[int]:
@@ -67,7 +73,7 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
             else:
                 metrics[name][panel] = m
         if name in p.pass_k.policies:
-            agent = PolicyAgent(policy, temperature=p.pass_k.temperature, seed=p.seed, decoding=p.decoding)
+            agent = policy_agent(policy, p, temperature=p.pass_k.temperature, seed=p.seed)
             recs = play(agent, panels["test"], tasks_dir, p.max_turns, samples=p.pass_k.samples, levels=levels,
                         panel="test", progress=f"pass@k {name}")
             metrics[name]["pass_at_k"] = {str(k): v for k, v in pass_at_k_curve(recs, pass_k_ks(p.pass_k.samples)).items()}

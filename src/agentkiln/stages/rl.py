@@ -34,9 +34,9 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
     policy, ref = load_policy(init_dir), load_policy(init_dir)
     pool = load_split(tasks_dir, "rl")
     key = checkpoint.fingerprint(stage, p.model_dump(), params.seed, [t.task_id for t in pool], files=[init_dir])
-    before = greedy_success(policy, pool, tasks_dir, p.max_turns, f"rl {stage}: pool (before)", p.decoding)
+    before = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (before)")
     history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir, ckpt_key=key)
-    after = greedy_success(policy, pool, tasks_dir, p.max_turns, f"rl {stage}: pool (after)", p.decoding)
+    after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
     save_policy(policy, out_dir)
     write_curve(history, reports_dir / "curve.csv")
     if ckpt_dir:

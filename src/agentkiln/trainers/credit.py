@@ -1,20 +1,22 @@
-"""From played episodes to one advantage per generated token, for each RL algorithm.
+"""From played episodes to the batch's advantage column, for each RL algorithm.
 
-    episodes --shape_rewards--> reward per turn --token_advantages(algorithm)--> advantage per token
+    turn rewards (shaped) --per algorithm--> advantage per turn or per token --> batch.advantages [R, T]
 
-Rewards are shaped per turn (invalid-action penalty, truncation penalty on the last turn of an
-episode that ran out of turns, and optionally -kl_coef * KL folded in per token). Then:
+Shaping: a turn's reward plus `invalid_penalty` on an invalid action and `truncation_penalty` on the
+last turn of an episode that ran out of turns; with `kl_in_reward`, every reply token also gets
+-kl_coef * its KL estimate to the reference (a turn's reward then includes its tokens' penalties).
 
-- grpo / dr_grpo / rloo: one advantage per episode (its summed reward against its group),
-  broadcast to every token of every turn;
+- grpo / dr_grpo / rloo: one advantage per episode (its summed reward against its group), on every
+  reply token of the episode;
 - gigpo: one advantage per turn (episode-level group advantage + step_weight x the turn's
   discounted return against the turns of the same group from the same anchor state);
-- reinforce_pp: per token, the return-to-go over the episode's action tokens (gamma = 1 per
-  token: a turn-level discount does not apply), whitened over the batch;
-- ppo: per turn, GAE over the episode's turns with the critic's values, whitened over the batch;
-  the returns (advantages + values) are the critic's targets.
+- reinforce_pp: per token, the return-to-go over the episode's reply tokens (gamma = 1 per token),
+  whitened over the batch;
+- ppo: per turn, GAE over the episode's turns with the critic's values (read where the turn's reply
+  starts), whitened over the batch; returns (advantages + values) are the critic's targets.
 
-The estimators themselves are the pure functions in agentkiln.algos.advantages.
+The estimators are the pure functions of agentkiln.algos.advantages; this module only lays the
+batch's turns and tokens out for them and writes the result back.
 """
 
 from __future__ import annotations
@@ -23,93 +25,89 @@ import torch
 
 from agentkiln.algos import advantages as A
 from agentkiln.config import RLParams
-from agentkiln.rollout.engine import Episode
+from agentkiln.rollout.episode import Episode
+from agentkiln.trainers.batch import Batch
 
 EPISODE_LEVEL = ("grpo", "dr_grpo", "rloo")
 
 
-def shape_rewards(episodes: list[Episode], p: RLParams, token_kl: list[list[list[float]]] | None = None
-                  ) -> list[list[list[float]]]:
-    """Reward of every token: each turn's (shaped) reward sits on its last token; with `token_kl`
-    (kl_in_reward) every token also gets -kl_coef * its KL estimate."""
+def shaped_turn_rewards(episodes: list[Episode], p: RLParams) -> list[list[float]]:
+    """Each turn's reward with the invalid-action and truncation penalties."""
     out = []
-    for e, ep in enumerate(episodes):
-        turns = []
-        for t, turn in enumerate(ep.turns):
-            r = turn.reward + (p.invalid_penalty if turn.invalid else 0.0)
-            if t == len(ep.turns) - 1 and ep.truncated:
-                r += p.truncation_penalty
-            tok = [0.0] * len(turn.gen.ids)
-            if token_kl is not None:
-                tok = [-p.kl_coef * k for k in token_kl[e][t]]
-            if tok:
-                tok[-1] += r
-            turns.append(tok)
-        out.append(turns)
+    for ep in episodes:
+        rs = [t.reward + (p.invalid_penalty if t.invalid else 0.0) for t in ep.turns]
+        if rs and ep.truncated:
+            rs[-1] += p.truncation_penalty
+        out.append(rs)
     return out
 
 
-def _broadcast(episodes: list[Episode], per_turn: list[list[float]]) -> list[list[list[float]]]:
-    return [[[a] * len(turn.gen.ids) for turn, a in zip(ep.turns, adv)] for ep, adv in zip(episodes, per_turn)]
+def turn_rewards(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per turn index of the batch: episode, shaped reward (KL penalties of its tokens folded in)."""
+    shaped = shaped_turn_rewards(episodes, p)
+    ep_of = torch.tensor([e for e, _ in batch.turns], dtype=torch.long)
+    reward = torch.tensor([shaped[e][k] for e, k in batch.turns])
+    if token_kl is not None:
+        reward = reward.index_add(0, batch.flat(batch.turn_index), -p.kl_coef * token_kl)
+    return ep_of, reward
 
 
-def token_advantages(
-    algorithm: str, episodes: list[Episode], token_rewards: list[list[list[float]]], p: RLParams,
-    values: list[list[float]] | None = None,
-) -> tuple[list[list[list[float]]], list[list[float]] | None]:
-    """(advantage per token [episode][turn][token], critic returns per turn or None)."""
+def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: torch.Tensor | None = None,
+               values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantage of every reply token [R, T], critic targets per turn index [M] or None).
+    `token_kl`: flat [N] KL estimates (kl_in_reward); `values`: critic value per turn index [M] (ppo).
+    Every turn of every episode must be in the batch (turn indices cover episodes in order)."""
+    ep_of, turn_r = turn_rewards(batch, episodes, p, token_kl)
+    n_eps = len(episodes)
+    ep_r = torch.zeros(n_eps).index_add(0, ep_of, turn_r)
     groups = torch.tensor([ep.group for ep in episodes])
-    turn_rewards = [[sum(tok) for tok in ep_tok] for ep_tok in token_rewards]
-    ep_rewards = torch.tensor([sum(r) for r in turn_rewards])
-    if algorithm in EPISODE_LEVEL:
-        if algorithm == "rloo":
-            adv = A.rloo(ep_rewards, groups)
-        else:
-            adv = A.grpo(ep_rewards, groups, norm_by_std=algorithm == "grpo")
-        return _broadcast(episodes, [[a] * len(ep.turns) for ep, a in zip(episodes, adv.tolist())]), None
-    if algorithm == "gigpo":
-        step_r = torch.tensor([r for rs in turn_rewards for r in rs])
-        step_ep = torch.tensor([e for e, ep in enumerate(episodes) for _ in ep.turns])
-        anchors = [t.anchor for ep in episodes for t in ep.turns]
-        flat = A.gigpo(ep_rewards, groups, step_r, step_ep, anchors, gamma=p.gamma, step_weight=p.step_weight).tolist()
-        per_turn, i = [], 0
-        for ep in episodes:
-            per_turn.append(flat[i : i + len(ep.turns)])
-            i += len(ep.turns)
-        return _broadcast(episodes, per_turn), None
-    if algorithm == "reinforce_pp":
-        seqs = [[r for tok in ep_tok for r in tok] for ep_tok in token_rewards]
-        width = max(map(len, seqs))
-        r = torch.zeros(len(seqs), width)
-        m = torch.zeros(len(seqs), width)
-        for i, s in enumerate(seqs):
-            r[i, : len(s)] = torch.tensor(s)
-            m[i, : len(s)] = 1.0
-        adv = A.reinforce_pp(r, m, gamma=1.0)
-        out = []
-        for i, ep_tok in enumerate(token_rewards):
-            flat, k, turns = adv[i].tolist(), 0, []
-            for tok in ep_tok:
-                turns.append(flat[k : k + len(tok)])
-                k += len(tok)
-            out.append(turns)
-        return out, None
-    if algorithm == "ppo":
+    tok_turn = batch.flat(batch.turn_index)
+    returns = None
+    if p.algorithm in EPISODE_LEVEL:
+        adv_ep = A.rloo(ep_r, groups) if p.algorithm == "rloo" else A.grpo(ep_r, groups, norm_by_std=p.algorithm == "grpo")
+        tok_adv = adv_ep[ep_of][tok_turn]
+    elif p.algorithm == "gigpo":
+        anchors = [episodes[e].turns[k].anchor for e, k in batch.turns]
+        adv_turn = A.gigpo(ep_r, groups, turn_r, ep_of, anchors, gamma=p.gamma, step_weight=p.step_weight)
+        tok_adv = adv_turn[tok_turn]
+    elif p.algorithm == "reinforce_pp":
+        tok_r = torch.zeros(len(tok_turn))
+        last = torch.ones(len(tok_turn), dtype=torch.bool)
+        last[:-1] = tok_turn[1:] != tok_turn[:-1]  # a turn's last reply token carries its reward
+        tok_r[last] = turn_rewards(batch, episodes, p)[1][tok_turn[last]]  # without KL: it goes on every token
+        if token_kl is not None:
+            tok_r = tok_r - p.kl_coef * token_kl
+        r, m = _by_episode(tok_r, ep_of[tok_turn], n_eps)
+        tok_adv = A.reinforce_pp(r, m, gamma=1.0)[m.bool()]
+    elif p.algorithm == "ppo":
         if values is None:
-            raise ValueError("ppo needs the critic's values of every turn")
-        width = max(len(ep.turns) for ep in episodes)
-        r, v, d = torch.zeros(len(episodes), width), torch.zeros(len(episodes), width), torch.ones(len(episodes), width)
-        for i, ep in enumerate(episodes):
-            n = len(ep.turns)
-            r[i, :n] = torch.tensor(turn_rewards[i])
-            v[i, :n] = torch.tensor(values[i])
-            d[i, : n - 1] = 0.0  # the last turn ends the episode (a truncation is treated as an end)
-        adv, ret = A.gae(r, v, d, gamma=p.gamma, lam=p.gae_lambda)
-        mask = torch.zeros_like(r)
-        for i, ep in enumerate(episodes):
-            mask[i, : len(ep.turns)] = 1.0
+            raise ValueError("ppo needs the critic's value of every turn")
+        step = torch.tensor([k for _, k in batch.turns])
+        width = int(step.max()) + 1
+        r, v, done = torch.zeros(n_eps, width), torch.zeros(n_eps, width), torch.ones(n_eps, width)
+        r[ep_of, step], v[ep_of, step] = turn_r, values
+        n_turns = torch.zeros(n_eps, dtype=torch.long).index_add(0, ep_of, torch.ones_like(ep_of))
+        mask = (torch.arange(width)[None, :] < n_turns[:, None]).float()
+        done = torch.where(torch.arange(width)[None, :] < (n_turns - 1)[:, None], 0.0, 1.0)  # the last turn ends it
+        adv, ret = A.gae(r, v, done, gamma=p.gamma, lam=p.gae_lambda)
         adv = A.masked_whiten(adv, mask)
-        per_turn = [adv[i, : len(ep.turns)].tolist() for i, ep in enumerate(episodes)]
-        returns = [ret[i, : len(ep.turns)].tolist() for i, ep in enumerate(episodes)]
-        return _broadcast(episodes, per_turn), returns
-    raise ValueError(f"rl algorithm {algorithm!r}: expected one of grpo, dr_grpo, rloo, reinforce_pp, gigpo, ppo")
+        tok_adv = adv[ep_of, step][tok_turn]
+        returns = ret[ep_of, step]
+    else:
+        raise ValueError(f"rl algorithm {p.algorithm!r}: expected one of grpo, dr_grpo, rloo, reinforce_pp, gigpo, ppo")
+    out = torch.zeros(batch.loss_mask.shape)
+    out[batch.loss_mask] = tok_adv.float()
+    return out, returns
+
+
+def _by_episode(values: torch.Tensor, episode: torch.Tensor, n_eps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat per-token values (episodes contiguous, in order) -> [E, L] padded, and its mask."""
+    counts = torch.zeros(n_eps, dtype=torch.long).index_add(0, episode, torch.ones_like(episode))
+    width = int(counts.max()) if len(counts) else 0
+    starts = torch.cumsum(counts, 0) - counts
+    col = torch.arange(len(episode)) - starts[episode]
+    out, mask = torch.zeros(n_eps, width), torch.zeros(n_eps, width)
+    out[episode, col] = values
+    mask[episode, col] = 1.0
+    return out, mask

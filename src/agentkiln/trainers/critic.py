@@ -1,8 +1,9 @@
-"""PPO's value model: a copy of the starting policy's transformer with a scalar head.
+"""PPO's value model: a copy of the starting policy's decoder with a scalar head.
 
-V(s) is read at the last prompt token of a turn (the state the action is chosen in). The critic is
-separate from the policy (as in verl): its regression loss never moves the policy's weights. Its
-head starts at zero, so the first advantages are plain discounted returns.
+V of a turn is read at the last token before its reply (the end of the generation prompt: the state
+the reply is chosen in), from one forward over each episode window. The critic is separate from the
+policy (as in verl): its regression loss never moves the policy's weights. Its head starts at zero,
+so the first advantages are plain discounted returns.
 """
 
 from __future__ import annotations
@@ -12,30 +13,42 @@ import copy
 import torch
 from torch import nn
 
-from agentkiln.rollout.constrained import left_pad
+from agentkiln.trainers.batch import Batch, hidden_at
+
+
+def decision_positions(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(turn indices present in `batch`, [M, 2] row/column of the token before each one's reply)."""
+    pos = batch.loss_mask.nonzero()
+    turn = batch.flat(batch.turn_index)
+    first = torch.ones(len(turn), dtype=torch.bool)
+    first[1:] = turn[1:] != turn[:-1]
+    at = pos[first].clone()
+    at[:, 1] -= 1
+    return turn[first], at
 
 
 class Critic(nn.Module):
     def __init__(self, policy_model: nn.Module):
         super().__init__()
-        self.body = copy.deepcopy(policy_model.base_model)
+        self.body = copy.deepcopy(policy_model)
         self.head = nn.Linear(policy_model.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, prompts: list[list[int]], pad_id: int) -> torch.Tensor:
-        """V of each prompt, [B]. Left padding puts every prompt's last token at the end."""
-        ids, mask = left_pad(prompts, pad_id)
-        position = (mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self.body(input_ids=ids, attention_mask=mask, position_ids=position).last_hidden_state
-        return self.head(hidden[:, -1].float()).squeeze(-1)
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(turn indices, V of each) for the turns whose replies start in `batch`'s rows."""
+        turns, at = decision_positions(batch)
+        h = hidden_at(self.body, batch.input_ids, batch.attention_mask, at)
+        return turns, self.head(h.float()).squeeze(-1)
 
     @torch.no_grad()
-    def values(self, prompts: list[list[int]], pad_id: int, batch_size: int = 64) -> list[float]:
+    def values(self, batch: Batch, rows_per_pass: int = 16) -> torch.Tensor:
+        """V of every turn index of the batch, [M]."""
         self.eval()
-        out: list[float] = []
-        for i in range(0, len(prompts), batch_size):
-            out += self(prompts[i : i + batch_size], pad_id).tolist()
+        out = torch.zeros(len(batch.turns))
+        for i in range(0, batch.rows, rows_per_pass):
+            turns, v = self(batch.select(list(range(i, min(i + rows_per_pass, batch.rows)))))
+            out[turns] = v
         return out
 
 

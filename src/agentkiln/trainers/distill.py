@@ -6,9 +6,10 @@
   `train_on_policy` on episodes the student itself samples, every generated token scored by the
   teacher given exactly the same prompt ids (mode-seeking; no exposure bias).
 
-Both compare full distributions at every reply (action) token position; prompt and observation
-tokens are inputs only (zero weight). Both need the teacher's tokenizer (`shared_vocab`):
-distillation into another tokenizer is `trajectory` mode (agentkiln.trainers.supervised).
+Both compare full distributions at every reply token of whole episodes (one row per episode window,
+trainers.batch); system, goal and observation tokens are inputs only. Both need the teacher's
+tokenizer (`shared_vocab`): distillation into another tokenizer is `trajectory` mode
+(agentkiln.trainers.supervised on the teacher's episodes re-rendered for the student).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from tqdm import tqdm
 
 from agentkiln.config import DistillParams
 from agentkiln.envs import TaskSpec
-from agentkiln.policy.model import MAX_ACTION_TOKENS, Policy
+from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent
-from agentkiln.rollout.engine import Episode, run_episodes
-from agentkiln.trainers.batch import Sample, TokenBatch, make_batch
-from agentkiln.trainers.supervised import OptimConfig, warmup_cosine
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.episode import Episode
+from agentkiln.trainers.batch import Batch, allowed_mask, build_batch, hidden_at
+from agentkiln.trainers.supervised import OptimConfig, length_grouped, warmup_cosine
 
 TEACHER_CACHE_BYTES = 1 << 30  # forward-kl caches the teacher's reply logits below this size, else rescores
 
@@ -76,7 +78,7 @@ def reverse_kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
 # --------------------------------------------------------------------------- shared tokenizer
 def shared_vocab(teacher: Policy, student: Policy, mode: str) -> int:
     """The size V of the vocabulary the two policies share, or a ValueError: token-level KL compares
-    distributions over the same token ids."""
+    distributions over the same token ids, in the same conversations."""
     vt, vs = teacher.tokenizer.get_vocab(), student.tokenizer.get_vocab()
     specials = ("bos_token_id", "eos_token_id", "pad_token_id")
     same_specials = all(getattr(teacher.tokenizer, a) == getattr(student.tokenizer, a) for a in specials)
@@ -86,52 +88,28 @@ def shared_vocab(teacher: Policy, student: Policy, mode: str) -> int:
             f"distill.mode {mode}: the student's tokenizer differs from the teacher's (teacher vocabulary "
             f"{len(vt)} tokens, student vocabulary {len(vs)} tokens: {how}); token-level distillation compares "
             "distributions over the same token ids: use distill.mode: trajectory (it re-tokenizes the teacher's "
-            "actions) or a student with the teacher's tokenizer")
+            "episodes) or a student with the teacher's tokenizer")
+    if teacher.tokenizer.chat_template != student.tokenizer.chat_template or teacher.fmt != student.fmt:
+        raise ValueError(f"distill.mode {mode}: the student's chat template or agent format differs from the "
+                         "teacher's: token-level distillation needs the same conversations")
+    if student.max_context < teacher.max_context:
+        raise ValueError(f"distill.mode {mode}: the student's context ({student.max_context} tokens) is shorter than "
+                         f"the teacher's ({teacher.max_context}): it could not read the teacher's episode windows")
     vocab = len(teacher.tokenizer)
     for name, pol in (("teacher", teacher), ("student", student)):
-        rows = pol.model.get_input_embeddings().num_embeddings
-        if rows < vocab:
-            raise ValueError(f"distill.mode {mode}: the {name} model has {rows} token embeddings, fewer than its "
-                             f"tokenizer's {vocab} tokens")
+        if pol.vocab_size < vocab:
+            raise ValueError(f"distill.mode {mode}: the {name} model has {pol.vocab_size} token embeddings, fewer "
+                             f"than its tokenizer's {vocab} tokens")
     return vocab
 
 
-# --------------------------------------------------------------------------- samples and scores
-def turn_samples(episodes: list[Episode]) -> list[Sample]:
-    """Every turn as its exact ids: the prompt the policy saw, the tokens it generated and the
-    constrained-decoding masks; nothing is re-tokenized."""
-    return [Sample(t.gen.prompt_ids, t.gen.ids, t.gen.allowed) for ep in episodes for t in ep.turns]
-
-
-def fit_context(policy: Policy, sample: Sample) -> Sample:
-    """Left-truncate the prompt (keeping BOS) as `policy.encode_prompt` would, for a student whose
-    context is shorter than the teacher's."""
-    bos = policy.tokenizer.bos_token_id
-    budget = policy.max_context - MAX_ACTION_TOKENS - (bos is not None)
-    ids = sample.prompt_ids
-    head, body = (ids[:1], ids[1:]) if bos is not None and ids[:1] == [bos] else ([], ids)
-    if len(body) <= budget:
-        return sample
-    return Sample(head + body[-budget:], sample.reply_ids, sample.allowed)
-
-
-def reply_logits(model: torch.nn.Module, batch: TokenBatch, vocab: int) -> torch.Tensor:
-    """[N, V] float logits at the positions that predict each reply token (TokenBatch rows/cols)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return logits[batch.rows, batch.cols, :vocab].float()
-
-
-@torch.no_grad()
-def teacher_reply_logits(teacher: Policy, samples: list[Sample], vocab: int, batch_size: int = 32
-                         ) -> list[torch.Tensor]:
-    """The teacher's logits at every reply position, one [len(reply), V] tensor per sample."""
-    teacher.model.eval()
-    out: list[torch.Tensor] = []
-    for i in range(0, len(samples), batch_size):
-        chunk = [Sample(s.prompt_ids, s.reply_ids) for s in samples[i : i + batch_size]]
-        flat = reply_logits(teacher.model, make_batch(chunk, teacher.pad_id, vocab), vocab)
-        out += list(flat.split([len(s.reply_ids) for s in chunk]))
-    return out
+# --------------------------------------------------------------------------- scores
+def reply_logits(model: torch.nn.Module, batch: Batch, vocab: int) -> torch.Tensor:
+    """[N, V] float logits at the positions that predict each reply token (batch.flat order)."""
+    pred = batch.loss_mask.nonzero()
+    pred[:, 1] -= 1
+    h = hidden_at(model, batch.input_ids, batch.attention_mask, pred)
+    return model.get_output_embeddings()(h)[:, :vocab].float()
 
 
 @dataclass(frozen=True)
@@ -140,70 +118,76 @@ class KDConfig:
     support: str = "vocabulary"  # or "admissible": both distributions renormalised over the allowed tokens
 
 
-TeacherScores = Callable[[list[int], TokenBatch], torch.Tensor]  # (sample indices, their batch) -> [N, V]
+TeacherScores = Callable[[list[int], Batch], torch.Tensor]  # (row indices, their batch) -> [N, V]
 
 
-def _kd_pass(student: Policy, samples: list[Sample], teacher_scores: TeacherScores, loss_fn, kd: KDConfig,
+def _kd_pass(student: Policy, batch: Batch, teacher_scores: TeacherScores, loss_fn, kd: KDConfig,
              opt: torch.optim.Optimizer, sched, gen: torch.Generator, batch_size: int, max_grad_norm: float,
              vocab: int, desc: str) -> dict:
-    """One shuffled pass over `samples`, one optimizer step per `batch_size` turns; token-mean loss."""
+    """One pass over `batch`'s rows (length-grouped minibatches of `batch_size` windows); token-mean loss."""
     model = student.model
     model.train()
-    admissible = kd.support == "admissible"
-    order = torch.randperm(len(samples), generator=gen).tolist()
     tot_loss, tot_tok, teacher_lp, norms = 0.0, 0, 0.0, []
-    bar = tqdm(range(0, len(order), batch_size), desc=desc, leave=False)
-    for i in bar:
-        idx = order[i : i + batch_size]
-        chunk = [samples[j] if admissible else Sample(samples[j].prompt_ids, samples[j].reply_ids) for j in idx]
-        batch = make_batch(chunk, student.pad_id, vocab)
-        s_logits = reply_logits(model, batch, vocab)
-        t_logits = teacher_scores(idx, batch)
-        mask = torch.ones(batch.targets.shape[0])  # only reply positions were gathered: all weigh 1
-        loss = loss_fn(s_logits, t_logits, mask, kd.temperature, batch.allowed)
+    bar = tqdm(length_grouped(batch.attention_mask.sum(1).tolist(), batch_size, gen), desc=desc, leave=False)
+    for rows in bar:
+        mb = batch.select(rows)
+        allowed = allowed_mask(mb, vocab) if kd.support == "admissible" else None
+        s_logits = reply_logits(model, mb, vocab)
+        t_logits = teacher_scores(rows, mb)
+        loss = loss_fn(s_logits, t_logits, torch.ones(len(s_logits)), kd.temperature, allowed)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
         opt.step()
         if sched is not None:
             sched.step()
-        n = batch.targets.numel()
+        n = len(s_logits)
+        targets = mb.flat(mb.input_ids)
         tot_loss += loss.item() * n
         tot_tok += n
-        teacher_lp += float(_log_probs(t_logits, 1.0, batch.allowed).gather(-1, batch.targets[:, None]).sum())
+        teacher_lp += float(_log_probs(t_logits, 1.0, allowed).gather(-1, targets[:, None]).sum())
         bar.set_postfix(loss=f"{loss.item():.4f}")
     model.eval()
     return {"loss": tot_loss / tot_tok, "teacher_logprob": teacher_lp / tot_tok,
             "grad_norm": sum(norms) / len(norms), "tokens": tot_tok, "steps": len(norms)}
 
 
-# --------------------------------------------------------------------------- forward KL (off-policy)
-def train_forward_kl(student: Policy, teacher: Policy, samples: list[Sample], cfg: OptimConfig, kd: KDConfig,
-                     seed: int, log: Callable[[dict, int], None] | None = None, desc: str = "distill") -> list[dict]:
-    """Train `student` in place to minimise KL(teacher || student) on `samples` (the teacher's turns:
-    exact prompt and generated ids). Returns per-epoch metrics. The teacher's logits are computed once
-    (cached; rescored per batch when the cache would exceed TEACHER_CACHE_BYTES)."""
-    if not samples:
-        raise ValueError(f"{desc}: no training samples (no teacher episode was kept)")
-    vocab = shared_vocab(teacher, student, "forward-kl")
-    teacher.model.eval().requires_grad_(False)
-    samples = [fit_context(student, s) for s in samples]
-    n_tokens = sum(len(s.reply_ids) for s in samples)
-    if n_tokens * vocab * 4 <= TEACHER_CACHE_BYTES:
-        cache = teacher_reply_logits(teacher, samples, vocab)
+def _kd_batch(episodes: list[Episode], pad_id: int, kd: KDConfig) -> Batch:
+    batch = build_batch(episodes, pad_id)
+    if kd.support != "admissible":
+        batch.allowed = batch.allowed[..., :0]
+    return batch
 
-        def scores(idx, batch):
-            return torch.cat([cache[j] for j in idx])
+
+# --------------------------------------------------------------------------- forward KL (off-policy)
+def train_forward_kl(student: Policy, teacher: Policy, episodes: list[Episode], cfg: OptimConfig, kd: KDConfig,
+                     seed: int, log: Callable[[dict, int], None] | None = None, desc: str = "distill") -> list[dict]:
+    """Train `student` in place to minimise KL(teacher || student) on the teacher's `episodes` (their
+    exact ids). Returns per-epoch metrics. The teacher's logits are computed once (cached; rescored per
+    minibatch when the cache would exceed TEACHER_CACHE_BYTES)."""
+    vocab = shared_vocab(teacher, student, "forward-kl")
+    batch = _kd_batch(episodes, teacher.pad_id, kd)
+    if not batch.rows:
+        raise ValueError(f"{desc}: no training episodes (no teacher episode was kept)")
+    teacher.model.eval().requires_grad_(False)
+    if batch.n_tokens * vocab * 4 <= TEACHER_CACHE_BYTES:
+        cache: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for r in range(batch.rows):
+                cache[r] = reply_logits(teacher.model, batch.select([r]), vocab)
+
+        def scores(rows, mb):
+            return torch.cat([cache[r] for r in rows])
     else:
-        def scores(idx, batch):
+        def scores(rows, mb):
             with torch.no_grad():
-                return reply_logits(teacher.model, batch, vocab)
+                return reply_logits(teacher.model, mb, vocab)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(student.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * math.ceil(len(samples) / cfg.batch_size))
+    sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * math.ceil(batch.rows / cfg.batch_size))
     history = []
     for epoch in range(cfg.epochs):
-        stats = _kd_pass(student, samples, scores, forward_kl_loss, kd, opt, sched, gen, cfg.batch_size,
+        stats = _kd_pass(student, batch, scores, forward_kl_loss, kd, opt, sched, gen, cfg.batch_size,
                          cfg.max_grad_norm, vocab, f"{desc} forward-kl epoch {epoch + 1}/{cfg.epochs}")
         row = {"epoch": epoch + 1, **stats, "lr": sched.get_last_lr()[0]}
         history.append(row)
@@ -216,8 +200,8 @@ def train_forward_kl(student: Policy, teacher: Policy, samples: list[Sample], cf
 def train_on_policy(student: Policy, teacher: Policy, pool: list[TaskSpec], tasks_dir, p: DistillParams, seed: int,
                     log: Callable[[dict, int], None] | None = None, desc: str = "distill") -> list[dict]:
     """`p.iterations` rounds: the student plays `p.samples_per_task` episodes of each of `p.tasks_per_iter`
-    tasks at `p.temperature`; the teacher scores every generated token given the same prompt ids;
-    one pass of KL(student || teacher) over the round's turns (constant lr `p.onpolicy_lr or p.lr`).
+    tasks at `p.temperature`; the teacher scores every generated token in the same context ids;
+    one pass of KL(student || teacher) over the round's episodes (constant lr `p.onpolicy_lr or p.lr`).
     Returns per-round metrics (the student's sampled success included)."""
     vocab = shared_vocab(teacher, student, "on-policy")
     teacher.model.eval().requires_grad_(False)
@@ -227,18 +211,19 @@ def train_on_policy(student: Policy, teacher: Policy, pool: list[TaskSpec], task
     gen = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
-    def scores(idx, batch):
-        return reply_logits(teacher.model, batch, vocab)
+    def scores(rows, mb):
+        return reply_logits(teacher.model, mb, vocab)
 
     history = []
     for it in tqdm(range(p.iterations), desc=f"{desc} on-policy rounds"):
         tasks = rng.sample(pool, min(p.tasks_per_iter, len(pool)))
-        agent = PolicyAgent(student, temperature=p.temperature, seed=seed * 100_003 + it * 101 + 1)
+        agent = PolicyAgent(student, temperature=p.temperature, seed=seed * 100_003 + it * 101 + 1,
+                            decoding=p.decoding, max_reply_tokens=p.max_reply_tokens)
         episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.samples_per_task)
-        samples = turn_samples(episodes)
-        stats = _kd_pass(student, samples, scores, reverse_kl_loss, kd, opt, None, gen, p.batch_size,
+        batch = _kd_batch(episodes, student.pad_id, kd)
+        stats = _kd_pass(student, batch, scores, reverse_kl_loss, kd, opt, None, gen, p.batch_size,
                          p.max_grad_norm, vocab, f"{desc} on-policy round {it + 1}/{p.iterations}")
-        row = {"round": it + 1, "episodes": len(episodes), "turns": len(samples),
+        row = {"round": it + 1, "episodes": len(episodes), "windows": batch.rows,
                "success": sum(e.won for e in episodes) / len(episodes),
                "reward_mean": sum(e.reward for e in episodes) / len(episodes), **stats}
         history.append(row)

@@ -1,14 +1,15 @@
 """The RL trainer: one loop for GRPO, Dr.GRPO, RLOO, REINFORCE++, GiGPO and PPO/GAE.
 
 One iteration, top to bottom:
-1. `collect`: sample tasks from the pool, play G episodes per task from the same initial state
-   (rollout keeps the exact generated ids, the constrained-decoding masks and the behaviour
-   log-probs); with dynamic sampling, groups whose rewards do not vary are dropped and more tasks
-   are played until the batch is full.
-2. `credit.shape_rewards` + `credit.token_advantages`: one advantage per generated token.
-3. `update`: PPO epochs over minibatches of turns (micro-batches accumulate gradients): PPO-clip
-   (clip-higher, dual clip) or GSPO, KL to the stage's starting policy as a loss term (or folded
-   into the rewards), entropy bonus, gradient clipping; PPO also fits its critic.
+1. `collect`: sample tasks from the pool, play G episodes per task from the same initial state (each
+   episode one token sequence: the exact generated ids, the constrained-decoding masks and the
+   behaviour log-probs); with dynamic sampling, groups whose rewards do not vary are dropped and
+   more tasks are played until the batch is full.
+2. `prepare`: one flat batch of tensors (trainers.batch), the reference model's log-probs (KL), the
+   critic's values (PPO), then `credit.advantages` fills the advantage column.
+3. `update`: PPO epochs over minibatches of episodes (micro-batches accumulate gradients): PPO-clip
+   (clip-higher, dual clip) or GSPO, KL to the stage's starting policy as a loss term (or folded into
+   the rewards), entropy bonus, gradient clipping; PPO also fits its critic.
 4. Health metrics (entropy, KL, clip fraction, grad norm, reply length, zero-variance groups,
    success per task type) and, every `checkpoint_every` iterations, a resumable checkpoint.
 """
@@ -19,7 +20,6 @@ import os
 import random
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,12 +30,12 @@ from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent
-from agentkiln.rollout.engine import Episode, run_episodes
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint
-from agentkiln.trainers.batch import Sample, make_batch, reply_logprobs
-from agentkiln.trainers.credit import shape_rewards, token_advantages
+from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
+from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.critic import Critic, value_loss
-
 
 FAULT_ENV = "AGENTKILN_KILL_AFTER_ITERATION"
 
@@ -45,15 +45,9 @@ class InjectedFault(RuntimeError):
     Prefect's temporary API server of the stage process running)."""
 
 
-@dataclass
-class TurnSample:
-    """One turn to train on: its exact ids, behaviour log-probs and per-token advantages."""
-
-    sample: Sample
-    old_logp: list[float]
-    adv: list[float]
-    old_value: float = 0.0  # PPO: critic's value at rollout time and its target
-    ret: float = 0.0
+def rollout_agent(policy: Policy, p: RLParams, seed: int) -> PolicyAgent:
+    return PolicyAgent(policy, temperature=p.temperature, seed=seed, batch_size=p.rollout_batch,
+                       decoding=p.decoding, max_reply_tokens=p.max_reply_tokens)
 
 
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
@@ -67,11 +61,10 @@ def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, 
     rounds = p.max_sample_rounds if p.dynamic_sampling else 1
     for r in range(rounds):
         tasks = rng.sample(pool, min(p.tasks_per_iter, len(pool)))
-        agent = PolicyAgent(policy, temperature=p.temperature, seed=seed + r, decoding=p.decoding)
-        episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size)
+        episodes = run_episodes(rollout_agent(policy, p, seed + r), tasks, tasks_dir, p.max_turns, group_size=p.group_size)
         played += len(episodes)
         everything += episodes
-        scores = [sum(sum(t) for t in ep) for ep in shape_rewards(episodes, p)]
+        scores = [sum(rs) for rs in shaped_turn_rewards(episodes, p)]
         by_group: dict[int, list[int]] = defaultdict(list)
         for i, ep in enumerate(episodes):
             by_group[ep.group].append(i)
@@ -90,116 +83,79 @@ def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, 
         if len({ep.group for ep in kept}) >= p.tasks_per_iter or (budget_left is not None and played >= budget_left):
             break
     return kept, everything, {"episodes_played": played, "zero_var_groups": groups_flat / max(1, groups_seen),
-                  "groups_trained": len({ep.group for ep in kept}), "sample_rounds": r + 1}
+                              "groups_trained": len({ep.group for ep in kept}), "sample_rounds": r + 1}
 
 
 @torch.no_grad()
-def _ref_logprobs(ref: Policy, episodes: list[Episode], temperature: float, batch: int = 64) -> list[list[list[float]]]:
-    vocab = ref.model.get_input_embeddings().num_embeddings
-    turns = [t for ep in episodes for t in ep.turns]
-    flat: list[float] = []
-    for i in range(0, len(turns), batch):
-        chunk = [Sample(t.gen.prompt_ids, t.gen.ids, t.gen.allowed) for t in turns[i : i + batch]]
-        flat += reply_logprobs(ref.model, make_batch(chunk, ref.pad_id, vocab), temperature)[0].tolist()
-    out, k = [], 0
-    for ep in episodes:
-        per_turn = []
-        for t in ep.turns:
-            per_turn.append(flat[k : k + len(t.gen.ids)])
-            k += len(t.gen.ids)
-        out.append(per_turn)
+def score(model: torch.nn.Module, batch: Batch, temperature: float, rows_per_pass: int) -> torch.Tensor:
+    """Log-probs of the batch's reply tokens under `model`, as a [R, T] column."""
+    out = torch.zeros(batch.loss_mask.shape)
+    for i in range(0, batch.rows, rows_per_pass):
+        rows = list(range(i, min(i + rows_per_pass, batch.rows)))
+        sub = batch.select(rows)
+        lp, _ = token_logprobs(model, sub, temperature, with_entropy=False)
+        col = torch.zeros(sub.loss_mask.shape)
+        col[sub.loss_mask] = lp
+        out[rows, : col.shape[1]] = col
     return out
 
 
-def build_samples(policy: Policy, ref: Policy, critic: Critic | None, episodes: list[Episode], p: RLParams
-                  ) -> list[TurnSample]:
-    """Shaped rewards -> advantages -> the turns to train on (all-zero-advantage turns carry no signal)."""
+def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes: list[Episode], p: RLParams
+            ) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None]:
+    """The iteration's batch with its advantage (and reference log-prob) columns; the critic's values
+    and targets per turn (PPO). Rows whose tokens all have zero advantage carry no signal and are
+    dropped (not with a critic: it still learns from them)."""
+    batch = build_batch(episodes, policy.pad_id)
+    micro = p.micro_batch_size or p.minibatch_size
+    if ref is not None and p.kl_coef > 0:
+        batch.ref_logp = score(ref.model, batch, p.temperature, micro)
     token_kl = None
-    if p.kl_in_reward and p.kl_coef > 0:
-        ref_lp = _ref_logprobs(ref, episodes, p.temperature)
-        token_kl = [[kl_penalty(torch.tensor(t.gen.logprobs), torch.tensor(r), p.kl_estimator).tolist()
-                     for t, r in zip(ep.turns, ep_r)] for ep, ep_r in zip(episodes, ref_lp)]
-    rewards = shape_rewards(episodes, p, token_kl)
-    values = None
-    if critic is not None:
-        flat = critic.values([t.gen.prompt_ids for ep in episodes for t in ep.turns], policy.pad_id)
-        values, k = [], 0
-        for ep in episodes:
-            values.append(flat[k : k + len(ep.turns)])
-            k += len(ep.turns)
-    adv, returns = token_advantages(p.algorithm, episodes, rewards, p, values)
-    out = []
-    for e, ep in enumerate(episodes):
-        for t, turn in enumerate(ep.turns):
-            if critic is None and not any(adv[e][t]):
-                continue
-            g = turn.gen
-            out.append(TurnSample(Sample(g.prompt_ids, g.ids, g.allowed), g.logprobs, adv[e][t],
-                                  values[e][t] if values else 0.0, returns[e][t] if returns else 0.0))
-    return out
+    if p.kl_in_reward and batch.ref_logp is not None:
+        token_kl = kl_penalty(batch.flat(batch.old_logp), batch.flat(batch.ref_logp), p.kl_estimator)
+    values = critic.values(batch, micro) if critic is not None else None
+    batch.advantages, returns = advantages(batch, episodes, p, token_kl, values)
+    if critic is None:
+        signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
+        batch = batch.select(signal.nonzero().squeeze(-1))
+    return batch, values, returns
 
 
-def _micro_loss(policy: Policy, ref: Policy, micro: list[TurnSample], p: RLParams, share: float, norm_len: float
-                ) -> dict:
-    """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats."""
-    vocab = policy.model.get_input_embeddings().num_embeddings
-    batch = make_batch([s.sample for s in micro], policy.pad_id, vocab)
-    logp, entropy = reply_logprobs(policy.model, batch, p.temperature)
-    old = torch.tensor([x for s in micro for x in s.old_logp])
-    adv = torch.tensor([x for s in micro for x in s.adv])
-    seq_ids = torch.repeat_interleave(torch.arange(len(micro)), torch.tensor([len(s.adv) for s in micro]))
-    if p.policy_loss == "gspo":
-        pg, info = gspo(logp, old, adv, seq_ids, p.clip_low, p.clip_high)
-    else:
-        pg, info = ppo_clip(logp, old, adv, p.clip_low, p.clip_high, p.dual_clip, p.loss_agg, seq_ids, norm_len)
-    with torch.no_grad():
-        ref_logp, _ = reply_logprobs(ref.model, batch, p.temperature)
-    kl = aggregate(kl_penalty(logp, ref_logp, p.kl_estimator), p.loss_agg, seq_ids, norm_len)
-    ent = aggregate(entropy, p.loss_agg, seq_ids, norm_len)
-    loss = pg
-    if p.kl_coef > 0 and not p.kl_in_reward:
-        loss = loss + p.kl_coef * kl
-    if p.entropy_coef > 0:
-        loss = loss - p.entropy_coef * ent
-    (loss * share).backward()
-    stats = {"loss": float(loss.detach()), "pg_loss": float(pg.detach()), "kl": float(kl.detach()),
-             "entropy": float(ent.detach()),
-             "clip_frac": info["clip_frac"], "ratio_mean": info["ratio_mean"]}
-    return stats
+def _seq_count(seq: torch.Tensor) -> int:
+    return len(torch.unique(seq))
 
 
-def update(policy: Policy, ref: Policy, critic: Critic | None, samples: list[TurnSample], p: RLParams,
-           opt: torch.optim.Optimizer, critic_opt: torch.optim.Optimizer | None, gen: torch.Generator) -> dict:
-    """PPO epochs over shuffled minibatches; gradients of micro-batches accumulate to exactly the
-    minibatch's loss (each micro loss is weighted by its share of the aggregation's denominator)."""
+def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt: torch.optim.Optimizer,
+           critic_opt: torch.optim.Optimizer | None, gen: torch.Generator, values: torch.Tensor | None = None,
+           returns: torch.Tensor | None = None) -> dict:
+    """PPO epochs over shuffled minibatches of rows; gradients of micro-batches accumulate to exactly
+    the minibatch's loss (each micro loss is weighted by its share of the aggregation's denominator)."""
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
     token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"  # share of tokens, else of sequences
     policy.model.train()
     for _ in range(p.ppo_epochs):
-        order = torch.randperm(len(samples), generator=gen).tolist()
+        order = torch.randperm(batch.rows, generator=gen).tolist()
         for i in range(0, len(order), p.minibatch_size):
-            mb = [samples[j] for j in order[i : i + p.minibatch_size]]
-            n_tok = sum(len(s.adv) for s in mb)
-            norm_len = float(max(len(s.adv) for s in mb))
+            mb = batch.select(order[i : i + p.minibatch_size])
+            seq = mb.seq_ids()
+            n_tok, n_seq = mb.n_tokens, _seq_count(seq)
+            norm_len = float(torch.unique(seq, return_counts=True)[1].max())
             opt.zero_grad(set_to_none=True)
-            for k in range(0, len(mb), micro_size):
-                micro = mb[k : k + micro_size]
-                share = (sum(len(s.adv) for s in micro) / n_tok) if token_level else len(micro) / len(mb)
-                st = _micro_loss(policy, ref, micro, p, share, norm_len)
-                for key, v in st.items():
+            for k in range(0, mb.rows, micro_size):
+                micro = mb.select(list(range(k, min(k + micro_size, mb.rows))))
+                share = micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq
+                for key, v in _micro_loss(policy, micro, p, share, norm_len).items():
                     stats[key].append(v)
             stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.max_grad_norm)))
             opt.step()
             if critic is not None:
                 critic.train()
                 critic_opt.zero_grad(set_to_none=True)
-                for k in range(0, len(mb), micro_size):
-                    micro = mb[k : k + micro_size]
-                    v = critic([s.sample.prompt_ids for s in micro], policy.pad_id)
-                    vl = value_loss(v, torch.tensor([s.old_value for s in micro]), torch.tensor([s.ret for s in micro]),
-                                    p.value_clip)
-                    (vl * len(micro) / len(mb)).backward()
+                for k in range(0, mb.rows, micro_size):
+                    micro = mb.select(list(range(k, min(k + micro_size, mb.rows))))
+                    turns, v = critic(micro)
+                    vl = value_loss(v, values[turns], returns[turns], p.value_clip)
+                    (vl * micro.rows / mb.rows).backward()
                     stats["value_loss"].append(float(vl.detach()))
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), p.max_grad_norm)
                 critic_opt.step()
@@ -207,18 +163,42 @@ def update(policy: Policy, ref: Policy, critic: Critic | None, samples: list[Tur
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
 
 
-def episode_metrics(episodes: list[Episode], samples: list[TurnSample]) -> dict:
+def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, norm_len: float) -> dict:
+    """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats."""
+    logp, entropy = token_logprobs(policy.model, micro, p.temperature)
+    old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
+    if p.policy_loss == "gspo":
+        pg, info = gspo(logp, old, adv, seq, p.clip_low, p.clip_high)
+    else:
+        pg, info = ppo_clip(logp, old, adv, p.clip_low, p.clip_high, p.dual_clip, p.loss_agg, seq, norm_len)
+    loss = pg
+    stats = {"pg_loss": float(pg.detach()), "clip_frac": info["clip_frac"], "ratio_mean": info["ratio_mean"]}
+    if micro.ref_logp is not None:
+        kl = aggregate(kl_penalty(logp, micro.flat(micro.ref_logp), p.kl_estimator), p.loss_agg, seq, norm_len)
+        stats["kl"] = float(kl.detach())
+        if p.kl_coef > 0 and not p.kl_in_reward:
+            loss = loss + p.kl_coef * kl
+    ent = aggregate(entropy, p.loss_agg, seq, norm_len)
+    if p.entropy_coef > 0:
+        loss = loss - p.entropy_coef * ent
+    (loss * share).backward()
+    return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
+
+
+def episode_metrics(episodes: list[Episode], batch: Batch | None) -> dict:
     """Health of one iteration: over every episode played (before dynamic sampling's filter)."""
     turns = [t for ep in episodes for t in ep.turns]
     row = {
         "reward_mean": sum(ep.reward for ep in episodes) / len(episodes),
         "success": sum(ep.won for ep in episodes) / len(episodes),
         "turns_mean": len(turns) / len(episodes),
-        "response_tokens": sum(len(t.gen.ids) for t in turns) / max(1, len(turns)),
+        "response_tokens": sum(t.n_tokens for t in turns) / max(1, len(turns)),
+        "episode_tokens": sum(len(ep.ids) for ep in episodes) / len(episodes),
         "invalid_rate": sum(t.invalid for t in turns) / max(1, len(turns)),
         "truncated_rate": sum(ep.truncated for ep in episodes) / len(episodes),
-        "trained_turns": len(samples),
-        "adv_abs_mean": sum(abs(a) for s in samples for a in s.adv) / max(1, sum(len(s.adv) for s in samples)),
+        "windows_mean": sum(len(ep.windows) for ep in episodes) / len(episodes),
+        "trained_tokens": batch.n_tokens if batch is not None else 0,
+        "adv_abs_mean": float(batch.flat(batch.advantages).abs().mean()) if batch is not None and batch.n_tokens else 0.0,
     }
     by_type: dict[str, list[bool]] = defaultdict(list)
     for ep in episodes:
@@ -227,9 +207,10 @@ def episode_metrics(episodes: list[Episode], samples: list[TurnSample]) -> dict:
     return row
 
 
-def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, max_turns: int | None, desc: str,
-                   decoding: str = "constrained") -> float:
-    eps = run_episodes(PolicyAgent(policy, greedy=True, decoding=decoding), tasks, tasks_dir, max_turns, progress=desc)
+def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, desc: str) -> float:
+    agent = PolicyAgent(policy, greedy=True, batch_size=p.rollout_batch, decoding=p.decoding,
+                        max_reply_tokens=p.max_reply_tokens)
+    eps = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=desc)
     return sum(e.won for e in eps) / len(eps)
 
 
@@ -278,10 +259,12 @@ def train_rl(
         episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
                                              None if p.episode_budget is None else p.episode_budget - played)
         played += info["episodes_played"]
-        samples = build_samples(policy, ref, critic, episodes, p) if episodes else []
-        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, samples)}
-        if samples:
-            row |= update(policy, ref, critic, samples, p, opt, critic_opt, gen)
+        batch = values = returns = None
+        if episodes:
+            batch, values, returns = prepare(policy, ref, critic, episodes, p)
+        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch)}
+        if batch is not None and batch.rows:
+            row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
         history.append(row)
         if log:
             log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)

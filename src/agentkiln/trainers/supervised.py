@@ -1,41 +1,32 @@
-"""Supervised training on (state, action) pairs: the SFT cold start and trajectory distillation.
+"""Supervised training on whole episodes: the SFT cold start and trajectory distillation.
 
-Loss = mean negative log-likelihood of the reply (action + EOS) tokens only; prompt tokens are
-context, never targets.
+One row per episode window (trainers.batch): the loss is the mean negative log-likelihood of the
+reply tokens (each action and its end-of-turn token); system, goal and observation tokens are
+context, never targets. Minibatches group episodes of similar length (less padding), in a seeded order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from agentkiln.policy.model import Policy
-from agentkiln.policy.prompt import build_prompt
-from agentkiln.rollout.agents import AgentState
-from agentkiln.trainers.batch import Sample, make_batch, reply_logprobs
+from agentkiln.rollout.episode import Episode
+from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     epochs: int
-    batch_size: int
+    batch_size: int  # episodes per optimizer step
     lr: float
     weight_decay: float
     warmup_steps: int
     max_grad_norm: float
-
-
-def samples_from_states(policy: Policy, pairs: Iterable[tuple[AgentState, str]]) -> list[Sample]:
-    """Render each (state, action) with the policy's own prompt format and tokenizer."""
-    out = []
-    for state, action in pairs:
-        text = build_prompt(policy.fmt, state.goal, state.past_actions, state.observation, state.admissible)
-        out.append(Sample(policy.encode_prompt(text), policy.encode_action(action)))
-    return out
 
 
 def warmup_cosine(optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -48,39 +39,56 @@ def warmup_cosine(optimizer, warmup: int, total: int) -> torch.optim.lr_schedule
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def length_grouped(lengths: list[int], batch_size: int, gen: torch.Generator, span: int = 8) -> list[list[int]]:
+    """Seeded minibatches of row indices: a random order, sorted by length within windows of
+    `span` minibatches (rows of a minibatch have similar lengths), minibatches in random order."""
+    order = torch.randperm(len(lengths), generator=gen).tolist()
+    batches = []
+    for i in range(0, len(order), batch_size * span):
+        chunk = sorted(order[i : i + batch_size * span], key=lambda r: lengths[r])
+        batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
+def sft_batch(policy: Policy, episodes: list[Episode]) -> Batch:
+    """The rows to imitate: every reply token, scored over the whole vocabulary."""
+    batch = build_batch(episodes, policy.pad_id)
+    batch.allowed = batch.allowed[..., :0]  # imitation: the whole vocabulary (no decoding masks)
+    return batch
+
+
 def train_supervised(
     policy: Policy,
-    samples: list[Sample],
+    episodes: list[Episode],
     cfg: OptimConfig,
     seed: int,
     log: Callable[[dict, int], None] | None = None,
     desc: str = "sft",
 ) -> list[dict]:
-    """Train in place; returns per-epoch metrics (loss, token accuracy)."""
-    if not samples:
-        raise ValueError(f"{desc}: no training samples")
+    """Train in place on `episodes` (with ids: rollout.sequence.render); per-epoch metrics."""
+    batch = sft_batch(policy, episodes)
+    if not batch.rows:
+        raise ValueError(f"{desc}: no training episodes")
     model = policy.model
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = math.ceil(len(samples) / cfg.batch_size)
+    steps_per_epoch = math.ceil(batch.rows / cfg.batch_size)
     sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * steps_per_epoch)
-    vocab = model.get_input_embeddings().num_embeddings
-    history, step = [], 0
+    lengths = batch.attention_mask.sum(1).tolist()
+    history = []
     for epoch in range(cfg.epochs):
         model.train()
-        order = torch.randperm(len(samples), generator=gen).tolist()
         tot_loss, tot_tok, correct = 0.0, 0, 0
-        bar = tqdm(range(0, len(samples), cfg.batch_size), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}", leave=False)
-        for i in bar:
-            batch = make_batch([samples[j] for j in order[i : i + cfg.batch_size]], policy.pad_id, vocab)
-            logp, _ = reply_logprobs(model, batch)
+        bar = tqdm(length_grouped(lengths, cfg.batch_size, gen), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
+                   leave=False)
+        for rows in bar:
+            logp, _ = token_logprobs(model, batch.select(rows), with_entropy=False)
             loss = -logp.mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             opt.step()
             sched.step()
-            step += 1
             n = logp.numel()
             tot_loss += loss.item() * n
             tot_tok += n

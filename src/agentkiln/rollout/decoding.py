@@ -1,0 +1,61 @@
+"""Choosing reply tokens: free sampling over the vocabulary, or constrained to admissible actions.
+
+Constrained decoding: each admissible action's reply ids (its text as the chat template renders it,
+then the end-of-turn token) form a prefix trie; at every step the logits outside the current node's
+children are masked, so every reply is an admissible action. The policy *is* the masked
+distribution: each token keeps the ids that were allowed, and the trainer scores it under the same mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ActionTrie:
+    """Prefix trie over token-id sequences; leaves map back to the action string."""
+
+    def __init__(self, sequences: dict[str, list[int]]):
+        self.root: dict = {}
+        for action, ids in sequences.items():
+            node = self.root
+            for t in ids:
+                node = node.setdefault(t, {})
+            node.setdefault(None, action)  # first action wins if two share token ids
+
+    def allowed(self, prefix: list[int]) -> list[int]:
+        node = self.root
+        for t in prefix:
+            node = node[t]
+        return sorted(k for k in node if k is not None)
+
+    def action(self, ids: list[int]) -> str | None:
+        """The action `ids` spell, or None while they are only a prefix."""
+        node = self.root
+        for t in ids:
+            node = node.get(t)
+            if node is None:
+                return None
+        return node.get(None)
+
+
+def sample(logits: torch.Tensor, allowed: list[list[int] | None], temperature: float, greedy: bool,
+           generator: torch.Generator | None) -> tuple[list[int], list[float], list[float]]:
+    """One token per row of `logits` [B, V] (rows with an `allowed` list are masked to it): the
+    tokens, their log-probs and the entropies of the distributions they were drawn from."""
+    z = logits.float() / temperature
+    if any(a is not None for a in allowed):
+        keep = torch.zeros_like(z, dtype=torch.bool)
+        for r, a in enumerate(allowed):
+            if a is None:
+                keep[r] = True
+            else:
+                keep[r, a] = True
+        z = z.masked_fill(~keep, float("-inf"))
+    logp = z.log_softmax(-1)
+    if greedy:
+        tok = logp.argmax(-1)
+    else:
+        tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    chosen = logp.gather(-1, tok[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    return tok.tolist(), chosen.tolist(), entropy.tolist()

@@ -1,0 +1,82 @@
+"""An episode: the turns played and the one token sequence they make.
+
+    ids = c_0 r_0 c_1 r_1 ... r_n       (c_0: system + goal + first observation + generation prompt;
+                                         r_k: the reply generated at turn k, exactly as sampled;
+                                         c_k: what the chat template appends after r_(k-1))
+
+Turn k's reply is ids[turn.start:turn.end]. While the episode fits the policy's context window it is
+one window (one training row). When the next observation and a full reply no longer fit, a new window
+starts: c_0, then the most recent turns that fit in half the context, then the new observation; its
+row is `c_0 + ids[start:stop]` and its loss covers only the replies generated in it (each reply is
+trained in the context it was sampled in). Baselines (random, oracle) play without ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Turn:
+    observation: str  # what the environment showed before this turn's reply
+    admissible: list[str] | None  # the valid actions then (None: free-form family)
+    anchor: str  # hash of the raw state (GiGPO's step-level groups)
+    reply: str = ""  # the reply's text
+    action: str = ""  # what it asked the environment to do (parsed from the reply)
+    reward: float = 0.0
+    invalid: bool = False
+    tool_error: bool = False
+    window: int = 0  # the window this reply was generated in
+    start: int = 0  # ids[start:end] are the reply's tokens
+    end: int = 0
+    logprobs: list[float] = field(default_factory=list)  # behaviour log-prob of every reply token
+    entropy: list[float] = field(default_factory=list)
+    allowed: list[list[int]] | None = None  # constrained decoding: the ids allowed at each reply token
+
+    @property
+    def n_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Episode:
+    task_id: str
+    family: str
+    group: int  # episodes of one group start from the same initial state
+    task_type: str = ""
+    max_turns: int = 0  # the environment's turn limit
+    goal: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    won: bool = False
+    cut: bool = False  # ended because its latest observation no longer fit the context window
+    ids: list[int] = field(default_factory=list)
+    prompt_len: int = 0  # len(c_0)
+    windows: list[list[int]] = field(default_factory=list)  # [start, stop) in ids; window 0 starts at 0
+
+    @property
+    def truncated(self) -> bool:
+        """Ended without a win by running out of turns (or of context)."""
+        return not self.won and (self.cut or len(self.turns) >= self.max_turns)
+
+    @property
+    def reward(self) -> float:
+        return sum(t.reward for t in self.turns)
+
+    @property
+    def n_invalid(self) -> int:
+        return sum(t.invalid for t in self.turns)
+
+    @property
+    def n_tokens(self) -> int:
+        """Generated tokens."""
+        return sum(t.n_tokens for t in self.turns)
+
+    def window_ids(self, w: int) -> list[int]:
+        """The row of window `w`: window 0 is ids[0:stop]; a later one is c_0 + ids[start:stop]."""
+        start, stop = self.windows[w]
+        return self.ids[:stop] if start == 0 else self.ids[: self.prompt_len] + self.ids[start:stop]
+
+    def window_offset(self, w: int) -> int:
+        """Row position of ids[i] in window `w` = i + window_offset(w)."""
+        start = self.windows[w][0]
+        return 0 if start == 0 else self.prompt_len - start
