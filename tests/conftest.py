@@ -171,8 +171,9 @@ def params_with(overrides: dict):
     return Params.model_validate(merge(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
 
 
-def tiny_dataset(out_dir, mixes: dict[str, dict], n: dict[str, int] | None = None):
-    """Synthesize small sft / rl / test splits of the given task-type mixes under `out_dir`."""
+def tiny_dataset(out_dir, mixes: dict[str, dict], n: dict[str, int] | None = None, task_types: dict | None = None):
+    """Synthesize small sft / rl / test splits of the given task-type mixes under `out_dir` (task
+    types of params.yaml, plus `task_types`)."""
     from agentkiln.synthesis.stage import synthesize
 
     import yaml
@@ -182,6 +183,7 @@ def tiny_dataset(out_dir, mixes: dict[str, dict], n: dict[str, int] | None = Non
     n = n or {"sft": 8, "rl": 4, "test": 4}
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())["synthesize"]
     raw["workers"] = 1
+    raw["task_types"] |= task_types or {}
     raw["splits"] = {name: {"n_tasks": n[name], "seed": 50 + i, "mix": mix} for i, (name, mix) in enumerate(mixes.items())}
     synthesize(SynthesizeParams.model_validate(raw), out_dir, progress=False)
     return out_dir

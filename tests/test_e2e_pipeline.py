@@ -20,9 +20,11 @@ TINY = {
     "synthesize": {
         "workers": 2,
         "splits": {
-            "sft": {"n_tasks": 6, "seed": 11, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "sokoban_easy": 1.0}},
-            "rl": {"n_tasks": 4, "seed": 12, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0}},
-            "test": {"n_tasks": 4, "seed": 13, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0}},
+            # a mixture with tool families (free-form replies, tools run in the sandbox) next to text games
+            "sft": {"n_tasks": 8, "seed": 11, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "sokoban_easy": 1.0,
+                                                     "sql_easy": 1.0, "python_easy": 1.0, "searchqa_easy": 1.0}},
+            "rl": {"n_tasks": 4, "seed": 12, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "python_easy": 1.0}},
+            "test": {"n_tasks": 6, "seed": 13, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "sql_easy": 1.0}},
             "ood": {"n_tasks": 2, "seed": 14, "mix": {"sokoban_medium": 1.0}},
         },
     },
@@ -88,21 +90,23 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     assert sampled == [(a, b) for a, b in [("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")]
                        if a in with_samples and b in with_samples]
     outcomes = json.loads((dst / "reports/outcomes.json").read_text())
-    assert all(len(outcomes["outcomes"][p]["test"]) == 4 for p in metrics)
+    assert all(len(outcomes["outcomes"][p]["test"]) == 6 for p in metrics)
     for m in metrics.values():
         assert 0 <= m["ci_low"] <= m["success"] <= m["ci_high"] <= 1
-        assert m["n_tasks"] == 4 and m["ood"]["n_tasks"] == 2
-        # per family: the panel's two families, counts adding up to the panel
-        assert set(m["by_family"]) == {"textworld", "gym-toytext"} and set(m["ood"]["by_family"]) == {"sokoban"}
-        assert sum(f["n_tasks"] for f in m["by_family"].values()) == 4
+        assert m["n_tasks"] == 6 and m["ood"]["n_tasks"] == 2
+        # per family: the panel's three families, counts adding up to the panel
+        assert set(m["by_family"]) == {"textworld", "gym-toytext", "sql"} and set(m["ood"]["by_family"]) == {"sokoban"}
+        assert sum(f["n_tasks"] for f in m["by_family"].values()) == 6
         won = sum(round(f["success"] * f["n_tasks"]) for f in m["by_family"].values())
-        assert won == round(m["success"] * 4)
+        assert won == round(m["success"] * 6)
+    for policy in ("sft", "rl", "distilled"):  # the sql tasks were played with free-form replies and the tool
+        assert metrics[policy]["by_family"]["sql"]["tokens_per_episode"] > 0
     assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
     for f in ("eval.md", "eval.html", "success.png", "passk.png", "curves.png", "passk.csv", "success.csv", "rl/h3/curve.csv", "rl/h6/curve.csv", "promotion.json", "data_docs/index.html"):
         assert (dst / "reports" / f).is_file(), f
     manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood")]
     ids = [t["task_id"] for m in manifests for t in m["tasks"]]
-    assert len(ids) == len(set(ids)) == 16
+    assert len(ids) == len(set(ids)) == 20
 
 
 def test_mlflow_holds_pipeline_run_children_and_champion(repo):
@@ -121,7 +125,7 @@ def test_mlflow_holds_pipeline_run_children_and_champion(repo):
     assert champion.tags["lineage.params_hash"]
     assert any(k.startswith("lineage.data.") for k in champion.tags)
     panel = json.loads((dst / "data/tasks/test/manifest.json").read_text())["sha256"][:16]
-    assert champion.tags["eval.panel"] == panel and len(champion.tags["eval.outcomes"]) == 4
+    assert champion.tags["eval.panel"] == panel and len(champion.tags["eval.outcomes"]) == 6
     assert champion.tags["stage"] in {"sft", "rl@h6", "distill"} and champion.tags["lineage.git_commit"]
 
 

@@ -4,7 +4,10 @@ passes at load.
 
 Byte-level BPE is lossless (decode(encode(x)) == x), so model-written SQL, Python and search
 queries reach the tools exactly as generated; trained on the closed vocabulary of the tasks, most
-words are one token. Real chat models bring their own tokenizer and template (agentkiln.policy.chat).
+words are one token. Digits are single tokens (as in Llama 3 and Qwen): a number then has the same
+ids wherever it appears, so copying a tool's result into an answer is a copy, not a lookup (a
+whole-number token " 335666" after a space and "335666" after a bracket would be two unrelated ids).
+Real chat models bring their own tokenizer and template (agentkiln.policy.chat).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ CHAT_TEMPLATE = (
 
 def build_scratch_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS, *ROLE_TOKENS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
