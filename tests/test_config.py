@@ -39,7 +39,7 @@ def test_repository_params_are_valid():
          "policy_loss gspo has its own"),
         (lambda r: r["synthesize"]["splits"]["rl"].update(seed=1), "seeds must differ"),
         (lambda r: r["synthesize"]["splits"]["test"]["mix"].update(mystery=0.5), "splits.test.mix.mystery: unknown task type"),
-        (lambda r: r["synthesize"]["splits"]["rl"]["mix"].update(coin_hard=0.5), "splits.ood.mix: ['coin_hard'] also in sft/rl"),
+        (lambda r: r["synthesize"]["splits"]["rl"]["mix"].update(frozenlake_medium=0.5), "splits.ood.mix: ['frozenlake_medium'] also in sft/rl"),
         (lambda r: r["synthesize"]["task_types"].update(x={"family": "chess"}), "task_types.x: Value error, unknown environment family 'chess'"),
         (lambda r: r["synthesize"]["task_types"].update(x={"family": "sokoban", "level": "epic"}), "sokoban: unknown level 'epic'"),
         (lambda r: r["synthesize"]["task_types"].update(x={"family": "sokoban", "knobs": {"colour": 1}}), "unknown difficulty knob(s) ['colour']"),

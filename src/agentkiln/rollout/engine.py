@@ -22,7 +22,7 @@ def run_episodes(agent, tasks: list[TaskSpec], tasks_dir: str | Path, max_turns:
                 for _ in range(group_size)]
     specs = [task for task in tasks for _ in range(group_size)]
     chunk = getattr(agent, "batch_size", None) or len(episodes) or 1
-    with tqdm(total=len(episodes), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
+    with tqdm(total=len(episodes), desc=progress, unit="episode", leave=False, disable=True if progress is None else None) as bar:
         for lo in range(0, len(episodes), chunk):
             _play(agent, episodes[lo : lo + chunk], specs[lo : lo + chunk], tasks_dir, max_turns, bar)
     return episodes
