@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.11) and install agentkiln with its pinned dependencies. Idempotent.
+# Create .venv (Python 3.11) and install agentkiln with its pinned dependencies. Idempotent: when
+# .venv was set up from this very pyproject.toml (a stamp holds its hash), nothing is reinstalled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+STAMP=.venv/.agentkiln-setup
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
+   && .venv/bin/python -c "import agentkiln" 2>/dev/null; then
+  echo "agentkiln: environment ready in .venv (up to date)"
+  exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -11,4 +19,5 @@ fi
 # torch first: the exact CPU build pinned in pyproject.toml (a local wheel is used when pip finds one).
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[dev]"
+echo "$want" > "$STAMP"
 echo "agentkiln: environment ready in .venv"

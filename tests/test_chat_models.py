@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from agentkiln.policy import load_policy
-from agentkiln.policy.prompt import observation_text, parse_reply
+from agentkiln.envs import env_class
+from agentkiln.policy import AgentFormat, load_policy
+from agentkiln.policy.prompt import observation_text, parse_reply, render_action
 from agentkiln.policy.tokenizer import TokenizerError
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
@@ -24,7 +25,8 @@ from agentkiln.stages.rl import run_rl
 from agentkiln.stages.sft import run_sft
 from agentkiln.trainers.batch import build_batch, token_logprobs
 
-from tests.conftest import QWEN3_LIKE_TEMPLATE, make_chat_model, params_with, task_texts, tiny_dataset
+from tests.conftest import (QWEN3_LIKE_TEMPLATE, expert_episodes, make_chat_model, params_with, task_texts,
+                            tiny_dataset)
 
 MIX = {"frozenlake_easy": 1.0, "sql_easy": 1.0}
 
@@ -157,3 +159,25 @@ def test_a_tokenizer_that_cannot_encode_the_task_text_stops_the_run(tmp_path):
 def test_a_missing_model_directory_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such model directory"):
         load_policy(tmp_path / "nope")
+
+
+def test_native_tool_calls_and_reasoning_are_parsed_into_the_familys_actions(world):
+    _, tasks_dir, models = world
+    policy = load_policy(models["qwen2"], fmt=AgentFormat(native_tools=True))
+    tools = env_class("sql").tool_specs()
+    reply = render_action(policy.fmt, "sql[SELECT name FROM employees]", tools)
+    assert reply.startswith("<tool_call>") and '"query": "SELECT name FROM employees"' in reply
+    assert parse_reply(reply) == "sql[SELECT name FROM employees]"
+    assert parse_reply(f"<think>the name is in employees</think>{reply}") == "sql[SELECT name FROM employees]"
+    assert parse_reply("<think>still thinking") == ""  # an unclosed thought carries no action
+    assert parse_reply('<tool_call>{"name": "answer", "arguments": {"value": 42}}</tool_call>') == "answer[42]"
+    assert parse_reply("<tool_call>not json</tool_call>") == "<tool_call>not json</tool_call>"  # left to the env
+    # the template renders the family's tool schemas into the system prompt of the first message
+    start = policy.tokenizer.decode(policy.chat.start("How many employees?", tools))
+    assert "<tools>" in start and '"name": "sql"' in start
+    # an SQL expert episode rendered with native tool calls: the replies are the template's tool calls
+    task = next(t for t in load_split(tasks_dir, "sft") if t.family == "sql")
+    ep = render(policy, expert_episodes([task], tasks_dir)[0], 96, tools)
+    replies = [policy.chat.decode(ep.ids[t.start : t.end]) for t in ep.turns]
+    assert all(r.startswith("<tool_call>") for r in replies)
+    assert [parse_reply(r) for r in replies] == [t.action for t in ep.turns]

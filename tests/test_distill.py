@@ -3,7 +3,6 @@ training on exactly the student's generated tokens, the shared-tokenizer check a
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 

@@ -148,6 +148,7 @@ def test_window_rule_keeps_every_reply_in_the_context_it_was_sampled_in(lake_poo
             first = next(t for t in ep.turns if t.window == w)
             kept = [t for t in ep.turns if t.start >= start and t.window < w]
             assert kept and kept[0].start == start  # it carries whole earlier turns, the latest at least
+            assert ep.turns.index(first) == ep.turns.index(kept[-1]) + 1  # then the next reply is generated
     batch = build_batch(eps, pol.pad_id)
     assert batch.rows == sum(len(ep.windows) for ep in eps)
     assert batch.flat(batch.input_ids).tolist() == [tok for ep in eps for t in ep.turns for tok in ep.ids[t.start:t.end]]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agentkiln.config import Params
 from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
-from agentkiln.evaluate.harness import outcomes, pass_at_k_curve, panel_summary, play, success_rates
+from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, success_rates
 from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
 from agentkiln.evaluate.report import write_reports
 from agentkiln.evaluate.stats import compare_paired
