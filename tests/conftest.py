@@ -215,3 +215,15 @@ def scratch_policy(tasks, tasks_dir, seed: int = 0, **sizes):
     params = ModelParams(**({"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
                              "vocab_size": 400, "max_context": 1024} | sizes))
     return build_scratch_policy(params, task_texts(tasks, tasks_dir), AgentFormat(), seed=seed)
+
+
+@pytest.fixture(autouse=True)
+def _pinned_threads():
+    """Every test starts at 2 torch threads, whatever an earlier test set: CPU results (and so the
+    learning tests' outcomes) depend on the thread count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
