@@ -125,7 +125,7 @@ class PolicyAgent:
         texts = []
         for k, ep in enumerate(episodes):
             add_reply(ep, ids[k], lps[k], ents[k], allowed_log[k] if tries[k] else None)
-            self.fed[rows[k]] = len(ep.window_ids(ep.turns[-1].window)) - 1  # the last token goes in with the next piece
+            self.fed[rows[k]] = ep.window_len(ep.turns[-1].window) - 1  # the last token goes in with the next piece
             texts.append(tries[k].action(ids[k]) if tries[k] else chat.decode(ids[k]))
         return texts
 

@@ -76,6 +76,11 @@ class Episode:
         start, stop = self.windows[w]
         return self.ids[:stop] if start == 0 else self.ids[: self.prompt_len] + self.ids[start:stop]
 
+    def window_len(self, w: int) -> int:
+        """len(window_ids(w)), without building the list."""
+        start, stop = self.windows[w]
+        return stop if start == 0 else self.prompt_len + stop - start
+
     def window_offset(self, w: int) -> int:
         """Row position of ids[i] in window `w` = i + window_offset(w)."""
         start = self.windows[w][0]

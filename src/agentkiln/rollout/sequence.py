@@ -32,7 +32,7 @@ def add_observation(ep: Episode, policy: Policy, reply_budget: int, tools: list[
     piece = [] if ep.ids[prev.end - 1] in chat.stop_ids else [chat.end_id]  # a reply cut at its budget
     piece += chat.observation(observation_text(policy.fmt, turn.observation, turn.admissible))
     status = SAME
-    if len(ep.window_ids(len(ep.windows) - 1)) + len(piece) + reply_budget > ctx:
+    if ep.window_len(len(ep.windows) - 1) + len(piece) + reply_budget > ctx:
         room = ctx - reply_budget - ep.prompt_len - len(piece)
         if len(ep.ids) - prev.start > room:
             return CUT

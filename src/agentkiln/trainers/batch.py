@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from agentkiln.rollout.episode import Episode, Turn
+from agentkiln.rollout.episode import Episode
 
 
 @dataclass
@@ -75,7 +75,7 @@ def build_batch(episodes: list[Episode], pad_id: int, keep_turn=None) -> Batch:
             if any(t.window == w and t.end > t.start and (keep_turn is None or keep_turn(e, k))
                    for k, t in enumerate(ep.turns)):
                 rows.append((e, w))
-    width = max((ep_len(episodes[e], w) for e, w in rows), default=0)
+    width = max((episodes[e].window_len(w) for e, w in rows), default=0)
     k_max = max((len(a) for ep in episodes for t in ep.turns for a in (t.allowed or [])), default=0)
     n = len(rows)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -105,16 +105,6 @@ def build_batch(episodes: list[Episode], pad_id: int, keep_turn=None) -> Batch:
             for j, a in enumerate(t.allowed or []):
                 allowed[r, t.start + off + j, : len(a)] = torch.tensor(a)
     return Batch(ids, attn, loss, old, allowed, turn_index, torch.tensor([e for e, _ in rows], dtype=torch.long), turns)
-
-
-def ep_len(ep: Episode, w: int) -> int:
-    start, stop = ep.windows[w]
-    return stop if start == 0 else ep.prompt_len + stop - start
-
-
-def turn_of(episodes: list[Episode], batch: Batch, i: int) -> Turn:
-    e, k = batch.turns[i]
-    return episodes[e].turns[k]
 
 
 # --------------------------------------------------------------------------- scoring
