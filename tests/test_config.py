@@ -78,3 +78,74 @@ def test_cli_refuses_bad_params_before_any_work(tmp_path):
     assert out.returncode == 2
     assert "rl.defaults.lr = -1" in out.stderr
     assert not (tmp_path / "models").exists()
+
+
+def edit(tmp_path, old: str, new: str) -> Path:
+    """params.yaml with one line edited as a person would (the text, not a re-dumped mapping)."""
+    text = (ROOT / "params.yaml").read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        # no coercion: a bool, a string or a float is not an int
+        ("  epochs: 16\n", "  epochs: true\n", "sft.epochs = True: Input should be a valid integer (got bool"),
+        ("  epochs: 16\n", '  epochs: "3"\n', "sft.epochs = '3': Input should be a valid integer (got str"),
+        ("    hidden_size: 128\n", "    hidden_size: 1e6\n", "sft.model.hidden_size = 1000000.0: Input should be a valid integer"),
+        ("    main: {init: sft}\n", "    main: {init: sft, ppo_epochs: true}\n", "stages.main.ppo_epochs = True: Input should be a valid integer"),
+        ("    temperature: 1.0\n", '    temperature: "1.0"\n', "rl.defaults.temperature = '1.0': Input should be a valid number"),
+        # finite, bounded numbers
+        ("    temperature: 1.0\n", "    temperature: .inf\n", "rl.defaults.temperature = inf: Input should be a finite number"),
+        ("    temperature: 1.0\n", "    temperature: 1000\n", "rl.defaults.temperature = 1000: Input should be less than or equal to 100"),
+        ("    clip_high: 0.28\n", "    clip_high: .inf\n", "rl.defaults.clip_high = inf: Input should be a finite number"),
+        ("    clip_high: 0.28\n", "    clip_high: .nan\n", "rl.defaults.clip_high = nan: Input should be a finite number"),
+        ("    kl_coef: 0.0 ", "    kl_coef: 1e300 ", "rl.defaults.kl_coef = 1e+300: Input should be less than or equal to 100"),
+        ("    hidden_size: 128\n", "    hidden_size: 1048576\n", "sft.model.hidden_size = 1048576: Input should be less than or equal to 65536"),
+        ("{n_tasks: 320,", "{n_tasks: 1e9,", "synthesize.splits.sft.n_tasks = 1000000000.0: Input should be a valid integer"),
+        ("{n_tasks: 320,", "{n_tasks: 1000000000,", "synthesize.splits.sft.n_tasks = 1000000000: Input should be less than"),
+        ("{n_tasks: 320,", "{n_tasks: 5000,", "synthesize.splits.sft.n_tasks = 5000: Value error, at most 4761 tasks per split"),
+        ("\nseed: 0\n", "\nseed: 99999999999\n", "  - seed = 99999999999: Input should be less than or equal to 4294967295"),
+        # duplicate keys: YAML keeps the last one silently
+        ("  epochs: 16\n", "  epochs: 16\n  epochs: 3\n", "duplicate key sft.epochs (first at line"),
+        ("    main: {init: sft}\n", "    main: {init: sft, init: rl/main}\n", "duplicate key rl.stages.main.init"),
+        # a model source that is not there fails at load, not later as a hub id
+        ("    source: scratch      #", "    source: /nonexistent      #",
+         "sft.model.source = '/nonexistent': Value error, model directory /nonexistent does not exist"),
+    ],
+)
+def test_bad_params_are_refused_as_written(tmp_path, old, new, expected):
+    path = edit(tmp_path, old, new)
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    assert str(e.value).startswith(f"{path}: ")
+    assert expected in str(e.value)
+
+
+def test_model_source_must_be_a_model_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    path = edit(tmp_path, "    source: scratch      #", f"    source: {tmp_path / 'empty'}      #")
+    with pytest.raises(ParamsError, match=r"sft\.model\.source = .*empty.*has no config\.json"):
+        load_params(path)
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    assert load_params(path).sft.model.source == str(tmp_path / "empty")
+
+
+def test_numbers_as_written_still_load(tmp_path):
+    """An int is a float; 3e-4 (YAML 1.2) is a number, not the string YAML 1.1 makes of it."""
+    path = edit(tmp_path, "    temperature: 1.0\n", "    temperature: 2\n")
+    assert load_params(path).rl.defaults.temperature == 2.0
+    path = edit(tmp_path, "  lr: 0.003\n", "  lr: 3e-3\n")
+    assert load_params(path).sft.lr == 0.003
+
+
+def test_a_duplicate_key_names_both_lines(tmp_path):
+    path = edit(tmp_path, "  epochs: 16\n", "  epochs: 16\n  epochs: 3\n")
+    first = path.read_text().split("\n").index("  epochs: 16") + 1
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    assert str(e.value) == (f"{path}: line {first + 1}: duplicate key sft.epochs (first at line {first}); "
+                            "YAML would silently keep the last one: remove one of them")

@@ -1,17 +1,19 @@
 """Typed schema of params.yaml: the only source of hyper-parameters.
 
 Every stage reads its own section through `load_params()`. Validation happens at load, before any
-work: an unknown key, a wrong type or an impossible value raises `ParamsError` naming the file,
-the dotted field and the bad value.
+work: an unknown key, a duplicate key, a wrong type (no coercion: `true` is not 1, "3" is not 3, 3.0
+is not an int; an int is a float), a non-finite or out-of-range number or a model source that is
+not there raises `ParamsError` naming the file, the dotted field and the bad value.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from agentkiln.envs import FAMILIES
 
@@ -23,7 +25,15 @@ class ParamsError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no bool -> int, str -> number or float -> int coercion (an int is accepted for a float);
+    # allow_inf_nan=False: .inf and .nan are refused everywhere. Every number also has a finite range.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+SEED_MAX = 2**32 - 1  # numpy's seed range
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+Share = Annotated[float, Field(gt=0, le=1e6)]
+BIG = 1_000_000  # upper bound of counts (steps, iterations, batch sizes) that still leaves a run possible
 
 
 # --------------------------------------------------------------------------- synthesize
@@ -53,9 +63,18 @@ class TaskType(_Strict):
 
 
 class Split(_Strict):
-    n_tasks: int = Field(ge=1)
-    seed: int = Field(ge=0)
-    mix: dict[str, float] = Field(description="task type name -> share of the split")
+    n_tasks: int = Field(ge=1, le=BIG)
+    seed: Seed
+    mix: dict[str, Share] = Field(description="task type name -> share of the split")
+
+    @field_validator("n_tasks")
+    @classmethod
+    def _seed_range(cls, n: int) -> int:
+        from agentkiln.synthesis.generate import MAX_RETRIES, SEED_STRIDE
+
+        if n * (MAX_RETRIES + 1) > SEED_STRIDE:
+            raise ValueError(f"at most {SEED_STRIDE // (MAX_RETRIES + 1)} tasks per split (the split's seed range)")
+        return n
 
     @model_validator(mode="after")
     def _mix(self):
@@ -69,7 +88,7 @@ class Split(_Strict):
 
 class SynthesizeParams(_Strict):
     workers: int = Field(2, ge=1, le=64)
-    max_expert_steps: int = Field(60, ge=1, description="tasks whose expert solution is longer are rejected")
+    max_expert_steps: int = Field(60, ge=1, le=10_000, description="tasks whose expert solution is longer are rejected")
     task_types: dict[str, TaskType]
     splits: dict[Literal["sft", "rl", "test", "ood"], Split]
 
@@ -115,18 +134,37 @@ def _check_decoding(decoding: dict[str, str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- policy
 class ModelParams(_Strict):
     """`source: scratch` builds a Llama-style model with random weights and a byte-level BPE tokenizer
-    trained on the synthesized text; any other value is a local Hugging Face directory (or a hub id
-    where a hub is reachable) for `AutoModelForCausalLM.from_pretrained`, with its own tokenizer and
-    chat template. The sizes apply to scratch models only; `max_context` to both."""
+    trained on the synthesized text; any other value is a local Hugging Face directory (its config.json
+    is checked at load; download a hub model there first) for `AutoModelForCausalLM.from_pretrained`,
+    with its own tokenizer and chat template. The sizes apply to scratch models only; `max_context` to
+    both."""
 
-    source: str = "scratch"
-    hidden_size: int = Field(128, ge=8)
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(512, ge=8)
-    vocab_size: int = Field(2048, ge=300, description="scratch: BPE vocabulary trained on the task text")
-    max_context: int = Field(1024, ge=64, description="tokens of one episode window (longer episodes continue "
+    source: str = Field("scratch", min_length=1, description="scratch, or a local model directory with config.json")
+    hidden_size: int = Field(128, ge=8, le=65536)
+    num_layers: int = Field(4, ge=1, le=1024)
+    num_heads: int = Field(4, ge=1, le=1024)
+    intermediate_size: int = Field(512, ge=8, le=262144)
+    vocab_size: int = Field(2048, ge=300, le=1_048_576, description="scratch: BPE vocabulary trained on the task text")
+    max_context: int = Field(1024, ge=64, le=1_048_576, description="tokens of one episode window (longer episodes continue "
                              "in a new window: docs/episodes.md)")
+
+    @field_validator("source")
+    @classmethod
+    def _source_exists(cls, source: str) -> str:
+        """Checked at load, before any work (not when a stage first opens it)."""
+        if source == "scratch":
+            return source
+        path = Path(source).expanduser()
+        if not path.exists():
+            why = "does not exist"
+        elif not path.is_dir():
+            why = "is not a directory"
+        elif not (path / "config.json").is_file():
+            why = "has no config.json (not a Hugging Face model directory)"
+        else:
+            return source
+        raise ValueError(f"model directory {path.resolve()} {why}; use `scratch` or the path of a local model "
+                         "directory (a hub model: download it first, e.g. `hf download <id> --local-dir <dir>`)")
 
     @model_validator(mode="after")
     def _heads(self):
@@ -149,12 +187,12 @@ class AgentParams(_Strict):
 class SFTParams(_Strict):
     model: ModelParams = ModelParams()
     agent: AgentParams = AgentParams()
-    epochs: int = Field(8, ge=1)
-    batch_size: int = Field(32, ge=1, description="episodes per optimizer step")
+    epochs: int = Field(8, ge=1, le=10_000)
+    batch_size: int = Field(32, ge=1, le=65536, description="episodes per optimizer step")
     lr: float = Field(2e-3, gt=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(20, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.01, ge=0, le=1)
+    warmup_steps: int = Field(20, ge=0, le=BIG)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e4)
 
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "ppo")
@@ -165,44 +203,44 @@ class RLParams(_Strict):
 
     init: str = Field("sft", description="model the stage starts from: sft or rl/<an earlier stage>")
     algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "ppo"] = "grpo"
-    iterations: int = Field(30, ge=0)
-    tasks_per_iter: int = Field(16, ge=1)
-    group_size: int = Field(8, ge=2, description="G episodes per task from the same initial state")
-    episode_budget: int | None = Field(None, ge=1, description="stop once this many episodes were played")
-    max_turns: int | None = Field(None, ge=1, description=TURNS)
-    temperature: float = Field(1.0, gt=0)
+    iterations: int = Field(30, ge=0, le=BIG)
+    tasks_per_iter: int = Field(16, ge=1, le=65536)
+    group_size: int = Field(8, ge=2, le=1024, description="G episodes per task from the same initial state")
+    episode_budget: int | None = Field(None, ge=1, le=100 * BIG, description="stop once this many episodes were played")
+    max_turns: int | None = Field(None, ge=1, le=10_000, description=TURNS)
+    temperature: float = Field(1.0, gt=0, le=100)
     decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
-    max_reply_tokens: int | None = Field(None, ge=1, description=REPLY)
-    rollout_batch: int = Field(64, ge=1, description="episodes played in lockstep (one KV cache)")
+    max_reply_tokens: int | None = Field(None, ge=1, le=65536, description=REPLY)
+    rollout_batch: int = Field(64, ge=1, le=65536, description="episodes played in lockstep (one KV cache)")
     _decoding = field_validator("decoding")(_check_decoding)
     # rollout tricks
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
-    max_sample_rounds: int = Field(3, ge=1, description="rollout rounds per iteration to fill the batch")
-    invalid_penalty: float = Field(0.0, le=0, description="added to the reward of a turn with an invalid action")
-    truncation_penalty: float = Field(0.0, le=0, description="added to an episode that ran out of turns")
+    max_sample_rounds: int = Field(3, ge=1, le=100, description="rollout rounds per iteration to fill the batch")
+    invalid_penalty: float = Field(0.0, ge=-100, le=0, description="added to the reward of a turn with an invalid action")
+    truncation_penalty: float = Field(0.0, ge=-100, le=0, description="added to an episode that ran out of turns")
     # credit assignment
     gamma: float = Field(0.95, gt=0, le=1, description="GiGPO step-return / GAE discount")
     gae_lambda: float = Field(0.95, ge=0, le=1)
-    step_weight: float = Field(1.0, ge=0, description="GiGPO: weight of the step-level advantage")
+    step_weight: float = Field(1.0, ge=0, le=100, description="GiGPO: weight of the step-level advantage")
     # policy loss
     policy_loss: Literal["ppo", "gspo"] = "ppo"
     clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.28, gt=0)
-    dual_clip: float | None = Field(None, gt=1)
+    clip_high: float = Field(0.28, gt=0, le=10)
+    dual_clip: float | None = Field(None, gt=1, le=100)
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    kl_coef: float = Field(0.01, ge=0)
+    kl_coef: float = Field(0.01, ge=0, le=100)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_in_reward: bool = Field(False, description="fold -kl_coef * KL into the rewards instead of the loss")
-    entropy_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0, le=100)
     # optimisation
     lr: float = Field(3e-4, gt=0, lt=1)
-    ppo_epochs: int = Field(1, ge=1)
-    minibatch_size: int = Field(64, ge=1, description="samples (turns) per optimizer step")
-    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward (accumulation)")
-    max_grad_norm: float = Field(1.0, gt=0)
+    ppo_epochs: int = Field(1, ge=1, le=100)
+    minibatch_size: int = Field(64, ge=1, le=65536, description="samples (turns) per optimizer step")
+    micro_batch_size: int | None = Field(None, ge=1, le=65536, description="samples per forward/backward (accumulation)")
+    max_grad_norm: float = Field(1.0, gt=0, le=1e4)
     critic_lr: float = Field(1e-3, gt=0, lt=1, description="PPO's value model")
-    value_clip: float = Field(0.2, gt=0)
-    checkpoint_every: int = Field(1, ge=0, description="iterations between resumable checkpoints (0: never)")
+    value_clip: float = Field(0.2, gt=0, le=100)
+    checkpoint_every: int = Field(1, ge=0, le=BIG, description="iterations between resumable checkpoints (0: never)")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -262,30 +300,30 @@ class DistillParams(_Strict):
         "KL(teacher || student) on teacher episodes; on-policy: KL(student || teacher) on student episodes "
         "(both token-level modes need the teacher's tokenizer)")
     student: ModelParams = ModelParams(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
-    samples_per_task: int = Field(4, ge=1, description="episodes per task: the teacher's (trajectory, forward-kl, "
+    samples_per_task: int = Field(4, ge=1, le=1024, description="episodes per task: the teacher's (trajectory, forward-kl, "
                                   "on-policy warm start) and the student's in each on-policy round")
-    temperature: float = Field(0.7, gt=0, description="sampling temperature of those episodes")
-    max_turns: int | None = Field(None, ge=1, description=TURNS)
+    temperature: float = Field(0.7, gt=0, le=100, description="sampling temperature of those episodes")
+    max_turns: int | None = Field(None, ge=1, le=10_000, description=TURNS)
     decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
-    max_reply_tokens: int | None = Field(None, ge=1, description=REPLY)
-    epochs: int = Field(8, ge=1, description="passes over the teacher's episodes (trajectory, forward-kl)")
-    batch_size: int = Field(32, ge=1, description="episodes per optimizer step")
+    max_reply_tokens: int | None = Field(None, ge=1, le=65536, description=REPLY)
+    epochs: int = Field(8, ge=1, le=10_000, description="passes over the teacher's episodes (trajectory, forward-kl)")
+    batch_size: int = Field(32, ge=1, le=65536, description="episodes per optimizer step")
     lr: float = Field(3e-3, gt=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(20, ge=0, description="linear lr warm-up, then cosine (trajectory, forward-kl, "
+    weight_decay: float = Field(0.01, ge=0, le=1)
+    warmup_steps: int = Field(20, ge=0, le=BIG, description="linear lr warm-up, then cosine (trajectory, forward-kl, "
                               "warm start)")
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e4)
     # token-level modes
-    kd_temperature: float = Field(1.0, gt=0, description="softmax temperature of both distributions in the KL "
+    kd_temperature: float = Field(1.0, gt=0, le=100, description="softmax temperature of both distributions in the KL "
                                   "(forward-kl, on-policy); the loss is scaled by its square")
     kd_support: Literal["vocabulary", "admissible"] = Field(
         "vocabulary", description="KL over the whole vocabulary, or over the tokens constrained decoding allowed "
         "at that position (both distributions renormalised there)")
     only_successful: bool = Field(True, description="forward-kl: train on won teacher episodes only (else all)")
     # on-policy
-    warmup_epochs: int = Field(0, ge=0, description="on-policy: trajectory-mode SFT epochs before the rounds")
-    iterations: int = Field(20, ge=1, description="on-policy: rounds of student sampling + one reverse-KL pass")
-    tasks_per_iter: int = Field(16, ge=1, description="on-policy: tasks the student plays per round")
+    warmup_epochs: int = Field(0, ge=0, le=10_000, description="on-policy: trajectory-mode SFT epochs before the rounds")
+    iterations: int = Field(20, ge=1, le=BIG, description="on-policy: rounds of student sampling + one reverse-KL pass")
+    tasks_per_iter: int = Field(16, ge=1, le=65536, description="on-policy: tasks the student plays per round")
     onpolicy_lr: float | None = Field(None, gt=0, lt=1, description="on-policy rounds' constant lr; null: lr")
     _decoding = field_validator("decoding")(_check_decoding)
 
@@ -294,24 +332,24 @@ class PassKParams(_Strict):
     """pass@k on the test panel: `samples` episodes per task at `temperature`, k = 1, 2, 4, ... <= samples."""
 
     samples: int = Field(4, ge=1, le=64, description="n sampled episodes per task (pass@k for k <= n)")
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=100)
     policies: list[Literal["sft", "rl", "distilled"]] = Field(["sft", "rl"], description="[] turns pass@k off")
 
 
 class EvaluateParams(_Strict):
-    max_turns: int | None = Field(None, ge=1, description=TURNS)
+    max_turns: int | None = Field(None, ge=1, le=10_000, description=TURNS)
     decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
-    max_reply_tokens: int | None = Field(None, ge=1, description=REPLY)
-    batch_size: int = Field(128, ge=1, description="episodes played in lockstep (one KV cache)")
+    max_reply_tokens: int | None = Field(None, ge=1, le=65536, description=REPLY)
+    batch_size: int = Field(128, ge=1, le=65536, description="episodes played in lockstep (one KV cache)")
     _decoding = field_validator("decoding")(_check_decoding)
     policies: list[Literal["random", "oracle", "sft", "rl", "distilled"]] = ["random", "oracle", "sft", "rl", "distilled"]
     confidence: float = Field(0.95, gt=0, lt=1)
-    seed: int = Field(0, ge=0, description="seeds the random baseline and the pass@k samples")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seeds the random baseline and the pass@k samples")
     pass_k: PassKParams = PassKParams()
-    compare: list[tuple[str, str]] = Field(
+    compare: list[Annotated[tuple[str, str], Strict(False)]] = Field(
         [("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")],
         description="paired comparisons (a, b) on the test panel: a - b with a bootstrap CI over tasks")
-    n_boot: int = Field(2000, ge=100, description="bootstrap resamples of the paired comparisons")
+    n_boot: int = Field(2000, ge=100, le=BIG, description="bootstrap resamples of the paired comparisons")
 
     @model_validator(mode="after")
     def _known_policies(self):
@@ -330,7 +368,7 @@ class PromoteParams(_Strict):
     candidates: list[Literal["sft", "rl", "distilled"]] = ["rl", "distilled", "sft"]
     metric: Literal["success"] = "success"
     margin: float = Field(0.0, ge=0, le=1, description="challenger must beat champion by this much")
-    guards: dict[Literal["ood_success", "invalid_rate", "mean_turns"], float] = Field(
+    guards: dict[Literal["ood_success", "invalid_rate", "mean_turns"], Annotated[float, Field(ge=0, le=1e4)]] = Field(
         {"ood_success": 0.05, "invalid_rate": 0.05},
         description="metric -> tolerated regression vs the champion (ood_success on the OOD panel)")
 
@@ -341,8 +379,8 @@ class AblationParams(_Strict):
     order from one policy: one entry for a method, a growing max_turns for ScalingInter-RL. Every
     arm must spend the same rollout budget (the sum of its stages' episode_budget)."""
 
-    seeds: list[int] = Field([0, 1, 2], min_length=1)
-    workers: int = Field(1, ge=1, description="arm x seed runs in parallel (one torch thread each)")
+    seeds: list[Seed] = Field([0, 1, 2], min_length=1)
+    workers: int = Field(1, ge=1, le=64, description="arm x seed runs in parallel (one torch thread each)")
     init: str = "sft"
     panel: Literal["test", "ood"] = "test"
     baseline: str = "grpo"
@@ -359,8 +397,8 @@ class AblationParams(_Strict):
 
 
 class Params(_Strict):
-    seed: int = Field(0, ge=0)
-    torch_threads: int = Field(2, ge=1, description="fixed so CPU results are bit-identical")
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    torch_threads: int = Field(2, ge=1, le=1024, description="fixed so CPU results are bit-identical")
     synthesize: SynthesizeParams
     sft: SFTParams = SFTParams()
     rl: RLSection = RLSection()
@@ -400,8 +438,66 @@ def _format_errors(path: Path, err: ValidationError) -> str:
         else:
             value = e.get("input")  # a whole section is not worth echoing: the message names the field
             shown = "" if isinstance(value, (dict, list)) else f" = {value!r}"
-            lines.append(f"  - {loc}{shown}: {e['msg']}")
+            hint = ""
+            if e["type"] in _TYPE_ERRORS and not isinstance(value, (dict, list)):
+                hint = f" (got {type(value).__name__}: params are taken as written, never converted)"
+            lines.append(f"  - {loc}{shown}: {e['msg']}{hint}")
     return "\n".join(lines)
+
+
+_TYPE_ERRORS = {"int_type", "float_type", "bool_type", "string_type", "int_from_float"}
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key written twice in one mapping (plain YAML would keep the last one silently)."""
+
+
+class _ParamsLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that also reads `1e-4` / `3E5` as numbers (YAML 1.2; YAML 1.1 makes them strings)."""
+
+
+_ParamsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _refuse_duplicates(node: yaml.Node, where: str = "", seen_nodes: set | None = None) -> None:
+    """Walk the composed document; raise DuplicateKeyError naming the dotted key and both lines."""
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if id(node) in seen_nodes:  # an alias of an anchored node: checked once
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` overrides are intended
+                continue
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else repr(key_node)
+            dotted = f"{where}.{key}" if where else key
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise DuplicateKeyError(f"line {line}: duplicate key {dotted} (first at line {first[key]}); "
+                                        "YAML would silently keep the last one: remove one of them")
+            first[key] = line
+            _refuse_duplicates(value_node, dotted, seen_nodes)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicates(item, f"{where}.{i}" if where else str(i), seen_nodes)
+
+
+def read_yaml(text: str):
+    """Parse params text: yaml.safe_load, but duplicate keys are refused and 1e-4 is a number."""
+    loader = _ParamsLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicates(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> Params:
@@ -410,7 +506,9 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     if not path.is_file():
         raise ParamsError(f"{path}: not found (run from the repository root)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text())
+    except DuplicateKeyError as e:
+        raise ParamsError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
