@@ -20,6 +20,8 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
+from agentkiln.registry.lock import registry_lock
+
 CHALLENGER, CHAMPION, PREVIOUS = "challenger", "champion", "previous"
 DESCRIPTION = (
     "agentkiln policy: a causal LM agent for multi-turn text and tool tasks (TextWorld, Sokoban, FrozenLake/Taxi, "
@@ -154,20 +156,24 @@ def register_candidate(model_dir: Path, name: str, tags: dict[str, str], metrics
     finally:
         if started:
             mlflow.end_run()
-    client = _client()
-    try:
-        client.get_registered_model(name)
-    except MlflowException as e:
-        if e.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
-            raise
-        try:
-            client.create_registered_model(name, description=DESCRIPTION)
-        except MlflowException:
-            pass  # created concurrently; register_model below works either way
+    return register_version(info.model_uri, name, tags, metrics)
+
+
+def register_version(model_uri: str, name: str, tags: dict[str, str], metrics: dict[str, float]) -> str:
+    """Register a logged model as a new version of `name` (created if absent), tag it (lineage +
+    `metric.<k>`) and alias it `challenger`, all under the registry lock. Returns the version."""
     all_tags = {str(k): str(v)[:MAX_TAG_VALUE] for k, v in tags.items()}
     all_tags.update({f"metric.{k}": f"{float(v):.6g}" for k, v in metrics.items()})
-    mv = mlflow.register_model(info.model_uri, name, tags=all_tags)
-    client.set_registered_model_alias(name, CHALLENGER, mv.version)
+    client = _client()
+    with registry_lock():
+        try:
+            client.get_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+                raise
+            client.create_registered_model(name, description=DESCRIPTION)
+        mv = mlflow.register_model(model_uri, name, tags=all_tags)
+        client.set_registered_model_alias(name, CHALLENGER, mv.version)
     return str(mv.version)
 
 
@@ -188,33 +194,43 @@ def champion(name: str) -> tuple[str, dict[str, str]] | None:
 
 def promote(name: str, version: str) -> None:
     """Alias `version` as champion; the old champion (if any, and different) becomes `previous`.
-    The new champion's tag `promoted_over` remembers the version it replaced (rollback's chain)."""
+    The new champion's tag `promoted_over` remembers the version it replaced (rollback's chain).
+    Under the registry lock, the champion read here: callers that decide *whether* to promote from
+    the champion's scores hold the lock around their read too (stages.promote.challenge)."""
     client = _client()
-    current = champion(name)
-    if current is not None and current[0] != str(version):
-        client.set_registered_model_alias(name, PREVIOUS, current[0])
-        client.set_model_version_tag(name, str(version), "promoted_over", current[0])
-    client.set_registered_model_alias(name, CHAMPION, str(version))
+    with registry_lock():
+        current = champion(name)
+        if current is not None and current[0] != str(version):
+            # the chain link first: a process killed between these calls leaves `promoted_over` on a
+            # version that is not champion (harmless), never a champion missing from the chain
+            client.set_model_version_tag(name, str(version), "promoted_over", current[0])
+            client.set_registered_model_alias(name, CHAMPION, str(version))
+            client.set_registered_model_alias(name, PREVIOUS, current[0])
+        else:
+            client.set_registered_model_alias(name, CHAMPION, str(version))
 
 
 def rollback(name: str) -> tuple[str, str]:
     """Make `previous` the champion again. The demoted version is tagged `rolled_back`; `previous`
     moves one step back along the `promoted_over` chain (or is removed at its start).
-    Returns (demoted version, restored version)."""
+    Returns (demoted version, restored version). The champion's `promoted_over` tag is the chain's
+    source of truth (`previous` mirrors it); all under the registry lock."""
     client = _client()
-    current = champion(name)
-    found = aliases(name) if current is not None else {}
-    if current is None or PREVIOUS not in found:
-        raise RuntimeError(f"registered model {name!r} has no champion and previous to roll back between "
-                           f"(aliases: {found}); nothing was changed")
-    demoted, restored = current[0], found[PREVIOUS]
-    client.set_registered_model_alias(name, CHAMPION, restored)
-    client.set_model_version_tag(name, demoted, "rolled_back", "true")
-    before = dict(client.get_model_version(name, restored).tags).get("promoted_over")
-    if before:
-        client.set_registered_model_alias(name, PREVIOUS, before)
-    else:
-        client.delete_registered_model_alias(name, PREVIOUS)
+    with registry_lock():
+        current = champion(name)
+        found = aliases(name) if current is not None else {}
+        restored = (current[1].get("promoted_over") or found.get(PREVIOUS)) if current is not None else None
+        if current is None or not restored:
+            raise RuntimeError(f"registered model {name!r} has no champion and previous to roll back between "
+                               f"(aliases: {found}); nothing was changed")
+        demoted = current[0]
+        client.set_model_version_tag(name, demoted, "rolled_back", "true")
+        client.set_registered_model_alias(name, CHAMPION, restored)
+        before = dict(client.get_model_version(name, restored).tags).get("promoted_over")
+        if before:
+            client.set_registered_model_alias(name, PREVIOUS, before)
+        elif PREVIOUS in found:
+            client.delete_registered_model_alias(name, PREVIOUS)
     return demoted, restored
 
 

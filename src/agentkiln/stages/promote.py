@@ -2,6 +2,10 @@
 make it `champion` only if the gate (`agentkiln.registry.promotion.gate`) says it beats the current
 champion on the same frozen panel: by the margin, with the paired CI above zero, no guard regressed.
 This module performs the registry side effects; the rule itself is pure and tested apart.
+
+Promotions of concurrent runs on one store are serialised: the champion is read, compared and
+replaced under the registry lock (agentkiln.registry.lock), so each run compares against the
+champion it actually replaces and every promoted version stays on the `promoted_over` chain.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from pathlib import Path
 
 import mlflow
 
-from agentkiln.config import Params
+from agentkiln.config import EvaluateParams, Params, PromoteParams
 from agentkiln.evaluate.panels import panel_id
 from agentkiln.registry.lineage import lineage_tags
+from agentkiln.registry.lock import registry_lock
 from agentkiln.registry.model_registry import champion, promote, register_candidate
 from agentkiln.registry.promotion import Guard, gate, pick_candidate
 
@@ -70,6 +75,20 @@ def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, 
             extra[f"eval.{g}"] = f"{v:.4f}"
     version = register_candidate(Path(model_dirs[name]), p.model_name, lineage_tags(root, extra), {p.metric: m[p.metric]})
     result = {"candidate": name, "version": version, "score": m[p.metric], "panel": panel}
+    return result | challenge(p, ev, version, extra)
+
+
+def challenge(p: PromoteParams, ev: EvaluateParams, version: str, tags: dict[str, str]) -> dict:
+    """Gate registered `version` (its eval tags: `eval.panel`, `eval.outcomes`, `eval.<guard>`)
+    against the current champion and promote it if it wins: read, compare and alias moves in one
+    critical section of the registry lock."""
+    with registry_lock():
+        return _challenge(p, ev, version, tags)
+
+
+def _challenge(p: PromoteParams, ev: EvaluateParams, version: str, extra: dict[str, str]) -> dict:
+    result: dict = {}
+    panel = extra["eval.panel"]
     current = champion(p.model_name)
     champ_outcomes, guards = None, []
     if current is not None:
@@ -88,7 +107,7 @@ def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, 
             mine, theirs = extra.get(f"eval.{g}"), champ_tags.get(f"eval.{g}")
             if mine is not None and theirs is not None:
                 guards.append(Guard(g, float(mine), float(theirs), tol, higher_is_better=g not in LOWER_IS_BETTER))
-    challenger = [int(c) for c in bits]
+    challenger = [int(c) for c in extra["eval.outcomes"]]
     d = gate(challenger, champ_outcomes, p.margin, guards, ev.confidence, ev.n_boot, ev.seed)
     if d.promote:
         promote(p.model_name, version)
