@@ -3,6 +3,7 @@
 # .venv was set up from this very pyproject.toml (a stamp holds its hash), nothing is reinstalled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/install_sandbox.sh
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 STAMP=.venv/.agentkiln-setup

@@ -166,7 +166,8 @@ def test_no_deleting_or_renaming_outside(sb, tmp_path):
     victim.write_text("keep me")
     blocked(sb.run(f"import os\nos.remove({str(victim)!r})", SLOW), "outside")
     blocked(sb.run(f"import os\nos.rename({str(victim)!r}, 'mine.txt')", SLOW), "outside")
-    blocked(sb.run(f"import shutil\nshutil.rmtree({str(tmp_path)!r})", SLOW), "outside")
+    # shutil.rmtree's first step (lstat) is not audited: in bubblewrap's view the directory does not exist
+    blocked(sb.run(f"import shutil\nshutil.rmtree({str(tmp_path)!r})", SLOW), "outside", "No such file")
     assert victim.read_text() == "keep me"
 
 

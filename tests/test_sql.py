@@ -85,6 +85,15 @@ def test_queries_are_read_only_and_bounded():
         with pytest.raises(Exception) as e:
             ro.query(sql)
         assert str(e.value) == msg, sql
+    # one step that takes seconds (the step bound cannot see it): the sandbox's CPU/wall limit stops it
+    # in another process, four of them in one query included
+    big = "length(printf('%.*c', 2000000000, 'x'))"
+    for sql in (f"SELECT {big}", f"SELECT {' + '.join([big] * 4)}"):
+        with pytest.raises(Exception, match=r"^query stopped: (CPU time limit|timed out)"):
+            ro.query(sql)
+    with pytest.raises(Exception, match=r"^function fts3_tokenizer\(\) is not allowed$"):  # leaks a pointer
+        ro.query("SELECT hex(fts3_tokenizer('simple'))")
+    assert ro.query("SELECT x'00ff' AS b")[1] == [(b"\x00\xff",)]  # blobs come back as bytes
     assert ro.query("SELECT COUNT(*) FROM employees")[1] == [(10,)]  # nothing changed
     import os
     assert not os.path.exists("/tmp/agentkiln-sql-escape.db")
@@ -140,7 +149,7 @@ def test_environments_have_private_databases():
     a, b = make(task("SELECT 1", 1)), make(task("SELECT 1", 1))
     a.reset()
     b.reset()
-    assert a.db.con is not b.db.con
+    assert a.db is not b.db
     a.close()
     assert b.step("sql[SELECT COUNT(*) FROM employees]").observation.text == "1 row: COUNT(*) ; 10."
 

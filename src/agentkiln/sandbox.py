@@ -123,7 +123,7 @@ def _hook_factory(workdir: str, read_roots: tuple[str, ...], notes_fd: int, pid:
     def hook(event, args, _wd=workdir, _wd_in=workdir + "/", _roots=read_roots, _fd=notes_fd, _pid=pid,
              _made=[0], _max=max_files, _norm=_norm, _write=os.write, _getcwd=os.getcwd, _stat=os.stat,
              _isinstance=isinstance, _int=int, _str=str, _join="".join, _encode=str.encode, _wf=_WRITE_FLAGS,
-             _creat=os.O_CREAT, _Error=PermissionError, _Exception=Exception, _OSError=OSError):
+             _creat=os.O_CREAT, _Error=PermissionError, _Exception=Exception, _OSError=OSError, _any=any):
         if event in {"exec", "compile", "object.__getattr__", "sys._getframe", "builtins.id", "time.sleep"}:
             return  # the frequent harmless ones first
         why = None
@@ -159,7 +159,7 @@ def _hook_factory(workdir: str, read_roots: tuple[str, ...], notes_fd: int, pid:
                     elif not inside and p != _wd:
                         if event == "os.chdir":
                             why = "leaving the work directory is blocked in the sandbox"
-                        elif not any(p == r or p.startswith(r + "/") for r in _roots):
+                        elif not _any([p == r or p.startswith(r + "/") for r in _roots]):
                             why = "reading outside the work directory is blocked in the sandbox"
                         elif event == "open":
                             try:  # a directory descriptor would let dir_fd= writes escape
@@ -242,7 +242,57 @@ def _close_from(low: int) -> None:
                 pass
 
 
-def _child(code: str, lim: dict, workdir: str, out_w: int, err_w: int, note_w: int, read_roots: tuple[str, ...]):
+def _sql_runner(spec: dict):
+    """A read-only SQLite query prepared before the audit hook goes in (sqlite3 is trusted code; the
+    query is data): the database deserialised into memory, locked down by the caller's policy
+    (`spec`: db as base64, query, max_rows, limits {sqlite limit id: value}, allowed authoriser
+    actions, denied functions, vm_steps). Running it prints one JSON line: {"cols", "rows", "more"}
+    (blobs as {"blob": hex}) or {"error", "denied"|"interrupted"}."""
+    import base64
+    import sqlite3
+
+    con = sqlite3.connect(":memory:")
+    con.deserialize(base64.b64decode(spec["db"]))
+    con.execute("PRAGMA query_only = ON")
+    con.execute("PRAGMA temp_store = MEMORY")
+    for limit, value in spec["limits"].items():
+        con.setlimit(int(limit), int(value))
+    allowed, denied_fns, state = set(spec["allowed"]), set(spec["denied_functions"]), {"why": "", "ticks": 0}
+
+    def authorize(action, arg1, arg2, db_name, trigger):
+        if action in allowed and not (action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in denied_fns):
+            return sqlite3.SQLITE_OK
+        state["why"] = (f"function {arg2}() is not allowed" if action == sqlite3.SQLITE_FUNCTION
+                        else "only SELECT queries are allowed")
+        return sqlite3.SQLITE_DENY
+
+    def progress():
+        state["ticks"] += 1
+        return int(state["ticks"] * 1000 > spec["vm_steps"])
+
+    con.set_authorizer(authorize)
+    con.set_progress_handler(progress, 1000)
+
+    def run() -> None:
+        try:
+            cur = con.execute(spec["query"])
+            rows = cur.fetchmany(spec["max_rows"] + 1)
+            cols = [d[0] for d in cur.description or ()]
+            out = {"cols": cols, "rows": [[{"blob": v.hex()} if isinstance(v, bytes) else v for v in r]
+                                          for r in rows[:spec["max_rows"]]], "more": len(rows) > spec["max_rows"]}
+        except sqlite3.Error as e:
+            msg = str(e).rstrip(".")
+            out = {"error": msg, "denied": state["why"] if "authoriz" in msg else "",
+                   "interrupted": "interrupted" in msg}
+        except (ValueError, OverflowError, UnicodeError) as e:  # NUL characters, surrogates, ...
+            out = {"error": f"cannot run this query ({type(e).__name__})", "denied": "", "interrupted": False}
+        sys.stdout.write(json.dumps(out) + "\n")
+
+    return run
+
+
+def _child(code: str, lim: dict, workdir: str, out_w: int, err_w: int, note_w: int, read_roots: tuple[str, ...],
+           audit_hook: bool = True, sql: dict | None = None):
     """The sandboxed process (a fork of the server): lock itself down, run `code`, _exit. Never returns."""
     os.setsid()  # its own process group: the server kills the whole group at the end
     # fds 0-3 := /dev/null, stdout pipe, stderr pipe, notes pipe; everything else (server sockets) closed
@@ -290,12 +340,17 @@ def _child(code: str, lim: dict, workdir: str, out_w: int, err_w: int, note_w: i
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")
-    hook = _hook_factory(workdir, read_roots, 3, os.getpid(), lim["max_files"])
-    sys.addaudithook(hook)
-    del hook  # held only by the interpreter's hook list from here on
+    runner = _sql_runner(sql) if sql is not None else None
+    if audit_hook:  # defence in depth: the boundary is the operating system's (see _bwrap)
+        hook = _hook_factory(workdir, read_roots, 3, os.getpid(), lim["max_files"])
+        sys.addaudithook(hook)
+        del hook  # held only by the interpreter's hook list from here on
     status = 0
     try:
-        exec(compile(code, "<sandbox>", "exec", dont_inherit=True), main.__dict__)
+        if runner is not None:
+            runner()
+        else:
+            exec(compile(code, "<sandbox>", "exec", dont_inherit=True), main.__dict__)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             status = e.code or 0
@@ -369,7 +424,9 @@ def _classify(lim: dict, reason: str | None, status: int, cpu: float, err: str, 
         return "output", f"output truncated at {lim['output_bytes']} bytes"
     if reason == "timeout":
         return "timeout", f"timed out after {lim['wall_s']:g} s (wall)"
-    if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu >= lim["cpu_s"] - 0.05:
+    # SIGXCPU comes only from RLIMIT_CPU (whose tick accounting can read a little under the limit in
+    # rusage); the hard limit's SIGKILL is told from the wall-clock kill by the CPU time used
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= lim["cpu_s"] - 0.1):
         return "cpu", f"CPU time limit {lim['cpu_s']} s exceeded"
     if code == EXIT_MEMORY or last.startswith("MemoryError") or "Cannot allocate memory" in last:
         return "memory", f"memory limit {lim['memory_mb']} MiB exceeded"
@@ -420,7 +477,7 @@ class _Output:
 
 def _handle(req: dict, base: str, read_roots: tuple[str, ...]) -> dict:
     """One call: fork the sandboxed process, collect its output under the limits, kill, reap, clean."""
-    code, lim = req["code"], req["limits"]
+    code, lim = req.get("code", ""), req["limits"]
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="run-", dir=base))
     pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, notes
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote ignores SIGCHLD; this process must reap
@@ -430,7 +487,8 @@ def _handle(req: dict, base: str, read_roots: tuple[str, ...]) -> dict:
         try:
             for r, _ in pipes:
                 os.close(r)
-            _child(code, lim, workdir, pipes[0][1], pipes[1][1], pipes[2][1], read_roots)
+            _child(code, lim, workdir, pipes[0][1], pipes[1][1], pipes[2][1], read_roots, req.get("hook", True) is not False,
+                   req.get("sql"))
         finally:
             os._exit(EXIT_SETUP)
     for _, w in pipes:
@@ -559,6 +617,141 @@ _NAMESPACES = (
     ("network-namespace", ["--map-root-user", "--net"]),
 )
 _probe_cache: dict[str, list[str] | None] = {}
+SANDBOX_UID = 65534  # "nobody": the uid sandboxed code runs as (outside the namespaces too, see _bwrap)
+ISOLATIONS = ("auto", "bwrap", "namespaces", "network-namespace", "hook")
+ISOLATION_ENV = "AGENTKILN_SANDBOX_ISOLATION"  # the machine's choice (a deployment setting, not a param)
+
+
+def _shared_libraries(paths: list[str]) -> set[str]:
+    """The real directories of the shared libraries `paths` load (ldd), the dynamic loader's included."""
+    import subprocess
+
+    dirs: set[str] = set()
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return {d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d)}
+    for chunk in range(0, len(paths), 64):
+        try:
+            out = subprocess.run([ldd, *paths[chunk:chunk + 64]], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in out.splitlines():
+            for word in line.split():
+                if word.startswith("/") and not word.endswith(":"):  # the file, and the directory named
+                    dirs.update({os.path.dirname(os.path.realpath(word)), os.path.realpath(os.path.dirname(word))})
+    return dirs
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _bwrap_view() -> list[str]:
+    """bubblewrap's arguments for the sandbox's whole filesystem view: read-only the interpreter,
+    its standard library (site-packages hidden under an empty tmpfs) and the shared libraries they
+    load, a fresh /dev and /proc (of the sandbox's own PID namespace); nothing else of the host
+    exists. The work directories are added per server (bind, read-write)."""
+    import sysconfig
+
+    exe = os.path.realpath(sys.executable)
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    dynload = os.path.join(stdlib, "lib-dynload")
+    objects = [exe] + ([os.path.join(dynload, f) for f in sorted(os.listdir(dynload)) if f.endswith(".so")]
+                       if os.path.isdir(dynload) else [])
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() == 0 and setpriv:
+        objects.append(os.path.realpath(setpriv))
+    roots = _shared_libraries(objects) | {stdlib, os.path.dirname(exe)}
+    zoneinfo = "/usr/share/zoneinfo"
+    if os.path.isdir(zoneinfo):
+        roots.add(os.path.realpath(zoneinfo))
+    kept: list[str] = []
+    for d in sorted(roots):  # parents first; a directory inside one already bound is covered
+        if not any(d == k or d.startswith(k + "/") for k in kept):
+            kept.append(d)
+    # the directories leading to a bound one exist in the view as empty, traversable (0755) ones: the
+    # host's own may be private (/root), and the sandbox's uid must reach the interpreter through them
+    ancestors = sorted({a for d in kept + [os.path.abspath(__file__)] for a in _ancestors(d)})
+    args = [a for d in ancestors for a in ("--perms", "0755", "--dir", d)]
+    args += [a for d in kept for a in ("--ro-bind", d, d)]
+    for link in ("/lib", "/lib64"):  # merged-/usr systems: the loader's paths go through these
+        if os.path.islink(link):
+            args += ["--symlink", os.readlink(link), link]
+    # installed packages never enter the sandbox: sys.path.append cannot reach them
+    import glob
+
+    hidden = {os.path.join(stdlib, "site-packages")}
+    for d in kept:
+        hidden.update(glob.glob(os.path.join(d, "python3*", "*-packages")) + glob.glob(os.path.join(d, "*-packages")))
+    args += [a for h in sorted(hidden) if os.path.isdir(h) for a in ("--tmpfs", h)]
+    if setpriv and os.geteuid() == 0:
+        args += ["--ro-bind", os.path.realpath(setpriv), os.path.realpath(setpriv)]
+    args += ["--ro-bind", os.path.abspath(__file__), os.path.abspath(__file__), "--dev", "/dev", "--proc", "/proc"]
+    return args
+
+
+def _bwrap(base: str) -> list[str] | None:
+    """The bubblewrap command prefix for a server whose work directories live under `base`, or None
+    where bubblewrap is missing or cannot make namespaces here.
+
+    Sandboxed code runs as uid SANDBOX_UID with no capabilities and no_new_privs, in new user (when
+    not root), PID, network, IPC, UTS and mount namespaces. Started by
+    root, bubblewrap sets up the view as root and `setpriv` then switches to the real uid 65534
+    (a user namespace would map the sandbox's uid back to root outside); started by anyone else,
+    bubblewrap maps uid 65534 inside to the caller's own (unprivileged) uid."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return None
+    key = "bwrap"
+    if key not in _probe_cache:
+        try:
+            _probe_cache[key] = _bwrap_view()
+        except OSError:
+            _probe_cache[key] = None
+    view = _probe_cache[key]
+    if view is None:
+        return None
+    # no --die-with-parent: its signal follows the *thread* that started bubblewrap, and a tool call may
+    # start the server from a worker thread. The server exits when the client's pipe closes (the
+    # client's process ended, however it ended), and with it the PID namespace and all it holds.
+    ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+          "--new-session", "--hostname", "sandbox"]
+    reach = [a for d in _ancestors(base) for a in ("--perms", "0755", "--dir", d)]
+    cmd = [exe, *ns, *view, *reach, "--bind", base, base, "--chdir", base, "--clearenv"]
+    for k, v in _server_env().items():
+        cmd += ["--setenv", k, v]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            return None
+        return cmd + ["--", os.path.realpath(setpriv), f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
+                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    return cmd[:1] + ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)] + cmd[1:] + ["--"]
+
+
+BASE_PREFIX = "agentkiln-sandbox-"
+
+
+def _new_base() -> str:
+    """A fresh directory for a server's socket and work directories, named for the owning process;
+    those a killed process left behind (its pid gone) are removed first."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        pid = name[len(BASE_PREFIX):].split("-", 1)[0]
+        if name.startswith(BASE_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-")
+
+
+def _own_base(base: str) -> None:
+    """The work-directory root belongs to the sandbox's uid where that uid is a real one (root caller)."""
+    if os.geteuid() == 0:
+        os.chown(base, SANDBOX_UID, SANDBOX_UID)
 
 
 def _probe(flags: list[str]) -> list[str] | None:
@@ -587,8 +780,10 @@ def _server_env() -> dict[str, str]:
 
 def _server_cmd(prefix: list[str], *args: str) -> list[str]:
     # -S -s: no site-packages; -P: not the script's directory on sys.path; -B: no .pyc writes; not -I,
-    # which would ignore PYTHONHASHSEED (the environment is ours anyway)
-    return [*prefix, sys.executable, "-B", "-S", "-s", "-P", "-X", "utf8", os.path.abspath(__file__), *args]
+    # which would ignore PYTHONHASHSEED (the environment is ours anyway). The interpreter by its real
+    # path: a virtual environment's directory is not in bubblewrap's view (nor needed: -S).
+    return [*prefix, os.path.realpath(sys.executable), "-B", "-S", "-s", "-P", "-X", "utf8",
+            os.path.abspath(__file__), *args]
 
 
 class Sandbox:
@@ -597,12 +792,15 @@ class Sandbox:
     "auto" (the strongest namespaces that work here), "namespaces", "network-namespace" or "hook" (no
     namespaces: the audit hook alone keeps the network off). Thread-safe; runs proceed in parallel."""
 
-    def __init__(self, mode: str = "auto", isolation: str = "auto"):
+    def __init__(self, mode: str = "auto", isolation: str | None = None, audit_hook: bool = True):
         if mode not in ("auto", "zygote", "spawn"):
             raise ValueError(f"sandbox: mode = {mode!r}: must be auto, zygote or spawn")
-        if isolation not in ("auto", "namespaces", "network-namespace", "hook"):
-            raise ValueError(f"sandbox: isolation = {isolation!r}: must be auto, namespaces, network-namespace or hook")
+        isolation = isolation or os.environ.get(ISOLATION_ENV) or "auto"
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"sandbox: isolation = {isolation!r} (argument or {ISOLATION_ENV}): must be one of "
+                             f"{', '.join(ISOLATIONS)}")
         self.mode, self._isolation = mode, isolation
+        self.audit_hook = audit_hook  # off only to test that the operating system alone contains the code
         self._lock = threading.Lock()
         self._proc = None
         self._sock_dir: str | None = None  # the zygote's socket and its runs' work directories
@@ -613,14 +811,31 @@ class Sandbox:
         self.zygote_failed = False
 
     # -- isolation ---------------------------------------------------------------------------------
-    def _prefixes(self) -> list[tuple[str, list[str]]]:
-        options = [(name, _probe(flags)) for name, flags in _NAMESPACES
-                   if self._isolation in ("auto", name)]
-        found = [(name, p) for name, p in options if p is not None]
+    def _prefixes(self, base: str) -> list[tuple[str, list[str]]]:
+        """(isolation, command prefix) for a server whose work directories live under `base`, strongest
+        first. `auto` never falls back silently: without bubblewrap a warning says what is lost."""
+        found: list[tuple[str, list[str]]] = []
+        if self._isolation in ("auto", "bwrap"):
+            prefix = _bwrap(base)
+            if prefix is not None:
+                found.append(("bwrap", prefix))
+            elif self._isolation == "bwrap":
+                raise RuntimeError("sandbox: isolation 'bwrap' is not available here: install bubblewrap "
+                                   "(Debian: apt-get install bubblewrap) and allow user namespaces")
+        for name, flags in _NAMESPACES:
+            if self._isolation in ("auto", name) and (p := _probe(flags)) is not None:
+                found.append((name, p))
         if self._isolation in ("auto", "hook"):
             found.append(("hook", []))
         if not found:
             raise RuntimeError(f"sandbox: isolation {self._isolation!r} is not available here (unshare failed)")
+        if self._isolation == "auto" and found[0][0] != "bwrap" and not _warned:
+            _warned.append(True)
+            sys.stderr.write(
+                f"agentkiln sandbox: bubblewrap is not usable here, so model-written code runs with "
+                f"'{found[0][0]}' isolation only (no private filesystem view, no separate uid; see "
+                f"docs/sandbox.md). Install bubblewrap (apt-get install bubblewrap), or set "
+                f"{ISOLATION_ENV}=bwrap to refuse to run without it.\n")
         return found
 
     # -- the zygote --------------------------------------------------------------------------------
@@ -629,8 +844,11 @@ class Sandbox:
         import subprocess
 
         self._stop()
-        for name, prefix in self._prefixes():
-            self._sock_dir = tempfile.mkdtemp(prefix="agentkiln-sandbox-")
+        base = _new_base()
+        for name, prefix in self._prefixes(base):  # only bwrap's prefix names `base`, and it comes first
+            self._sock_dir = base
+            if name == "bwrap":
+                _own_base(base)
             path = os.path.join(self._sock_dir, "s")
             # work directories go under the socket's directory too: removing it at close() also removes
             # any a killed handler left behind
@@ -645,8 +863,10 @@ class Sandbox:
                 return True
             proc.kill()
             proc.wait()
-            shutil.rmtree(self._sock_dir, ignore_errors=True)
-            self._sock_dir = None
+            shutil.rmtree(base, ignore_errors=True)
+            os.mkdir(base, 0o700)  # empty again for the next (weaker) isolation
+        shutil.rmtree(base, ignore_errors=True)
+        self._sock_dir = None
         return False
 
     def _stop(self) -> None:
@@ -688,7 +908,17 @@ class Sandbox:
         if not isinstance(code, str):
             raise TypeError(f"sandbox: code must be a str, got {type(code).__name__}")
         limits = limits or Limits()
-        req = json.dumps({"code": code, "limits": asdict(limits)}).encode()
+        return self._run(json.dumps({"code": code, "limits": asdict(limits), "hook": self.audit_hook}).encode(),
+                         limits)
+
+    def run_sql(self, spec: dict, limits: Limits | None = None) -> SandboxResult:
+        """Run one read-only SQLite query in the sandbox (see _sql_runner for `spec`); its answer is
+        the JSON line on stdout, or the result says which limit stopped it."""
+        limits = limits or Limits()
+        return self._run(json.dumps({"sql": spec, "limits": asdict(limits), "hook": self.audit_hook}).encode(),
+                         limits)
+
+    def _run(self, req: bytes, limits: Limits) -> SandboxResult:
         if self.mode != "spawn":
             failed = -1
             for _ in range(2):  # a dead zygote is restarted once per call
@@ -727,9 +957,11 @@ class Sandbox:
     def _spawn(self, req: bytes, limits: Limits) -> SandboxResult:
         import subprocess
 
-        name, prefix = self._prefixes()[0]
+        base = _new_base()
+        name, prefix = self._prefixes(base)[0]
         self.isolation = self.isolation or name
-        base = tempfile.mkdtemp(prefix="agentkiln-sandbox-")
+        if name == "bwrap":
+            _own_base(base)
         try:
             proc = subprocess.run(_server_cmd(prefix, "once", base), input=req, capture_output=True,
                                   env=_server_env(), timeout=limits.wall_s + GRACE_S, start_new_session=True)
@@ -750,6 +982,7 @@ def _failure(why: str) -> SandboxResult:
     return SandboxResult(ok=False, stdout="", stderr="", error=why, status="sandbox")
 
 
+_warned: list[bool] = []
 _default: Sandbox | None = None
 _default_lock = threading.Lock()
 

@@ -4,8 +4,10 @@ Most `python[...]` calls an agent makes on arithmetic problems are straight-line
 `print((50 + 25) * 7 / 3)`, `x = 12 * 4; print(x - 5)`. A process-level sandbox costs milliseconds
 a call; walking the AST of such a program costs microseconds. `run_arithmetic(code)` interprets a
 program only when every node is in a small whitelist, never calls `eval`/`exec`, and bounds every
-value (integers of at most MAX_INT_BITS bits, a bounded number of statements and nodes, bounded
-output), so it cannot loop, allocate much or touch anything outside its own dict of variables.
+value (integers of at most MAX_INT_BITS bits, round's digits at most MAX_NDIGITS, a bounded number of
+statements and nodes, bounded output), so it cannot loop, allocate much or touch anything outside its
+own dict of variables: every operation it performs costs at most a multiplication of two
+MAX_INT_BITS-bit integers (the trainer's process never runs model-written work unbounded).
 
 The values are computed by the interpreter's own operators and printed with `str`, so the output is
 byte-identical to what the sandbox's `print` writes (the sandbox runs the same Python). Anything
@@ -30,6 +32,7 @@ import traceback
 from agentkiln.sandbox import SandboxResult, _last_line
 
 MAX_INT_BITS = 2048  # far below int -> str's 4300-digit limit; bigger values go to the sandbox
+MAX_NDIGITS = 700  # round(x, n): |n| digits, beyond MAX_INT_BITS' ~617 digits, go to the sandbox
 MAX_STATEMENTS = 64
 MAX_NODES = 512
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -80,6 +83,8 @@ def _eval(node: ast.AST, names: dict):
         args = [_eval(a, names) for a in node.args]
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise _Decline
+        if node.func.id == "round" and len(args) == 2 and (type(args[1]) is not int or abs(args[1]) > MAX_NDIGITS):
+            raise _Decline  # round(7, -10**8) computes 10**(10**8): the sandbox's limits stop that
         return _number(_FUNCS[node.func.id](*args))
     raise _Decline
 

@@ -17,10 +17,11 @@ Actions (free-form, `admissible` is None):
   and is wrong): the tool and the answer stay separate steps.
 Anything else (unknown verb, missing brackets, empty or too long argument) is an invalid step.
 
-Safety of model-written queries: each environment has its own in-memory copy of the database
-(deserialised from a per-seed cache, so nothing is shared or persisted); `PRAGMA query_only`; an
+Safety of model-written queries: every query runs in the tool sandbox (agentkiln.sandbox: a
+separate process with no view of the host, under wall-clock, CPU and memory limits) on its own
+in-memory copy of the database (deserialised per query, so nothing is shared or persisted); `PRAGMA query_only`; an
 authoriser that allows only SELECT, reads and deterministic functions (no PRAGMA, ATTACH, writes,
-transactions, `random()`, clock functions); a progress handler that aborts a query after a fixed
+transactions, `random()`, clock functions, `fts3_tokenizer()`); a progress handler that aborts a query after a fixed
 number of virtual-machine steps (deterministic, unlike a time budget); length, depth and attach
 limits; extensions never enabled.
 
@@ -36,12 +37,15 @@ Oracle: `sql[<gold query>]`, then, once a result showed the gold value, `answer[
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import sqlite3
 from dataclasses import dataclass
 from functools import lru_cache
 
 from agentkiln.envs.base import Env, Observation, StepResult, anchor_of, tool_call
+from agentkiln.sandbox import Limits, Sandbox, default_sandbox
 
 MAX_QUERY_CHARS = 1000
 MAX_ANSWER_CHARS = 100
@@ -167,8 +171,17 @@ def build_db(seed: int, tables: int, rows: int, columns: int) -> Database:
 # -- running model-written queries -------------------------------------------------------------------
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-_DENIED_FUNCTIONS = {"random", "randomblob", "load_extension", "date", "time", "datetime", "julianday", "strftime",
+_DENIED_FUNCTIONS = {"random", "randomblob", "load_extension", "fts3_tokenizer", "readfile", "writefile", "edit", "date", "time", "datetime", "julianday", "strftime",
                      "unixepoch", "timediff", "current_date", "current_time", "current_timestamp", "sqlite_offset"}
+
+
+_SQLITE_LIMITS = ((sqlite3.SQLITE_LIMIT_LENGTH, 100_000), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 10_000),
+                  (sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 100), (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
+                  (sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 20), (sqlite3.SQLITE_LIMIT_FUNCTION_ARG, 16))
+# a query that hits one of these is stopped by the sandbox (its steps are bounded, its time is not:
+# a single step such as printf('%.*c', 2000000000, 'x') can take seconds)
+QUERY_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256, output_bytes=65536)
+_STOPPED = {"timeout", "cpu", "memory", "output"}
 
 
 class QueryError(Exception):
@@ -176,55 +189,36 @@ class QueryError(Exception):
 
 
 class ReadOnlyDB:
-    """One connection to a private in-memory copy of a task's database, locked down for untrusted
-    queries (see the module docstring)."""
+    """A task's database for untrusted queries. Each query runs in the tool sandbox (a separate,
+    contained process under a wall-clock, CPU and memory limit; see agentkiln.sandbox.run_sql) on a
+    private in-memory copy, locked down as the module docstring says: nothing a query does can hold
+    or touch the trainer's process."""
 
-    def __init__(self, db: Database):
-        self.con = sqlite3.connect(":memory:", check_same_thread=False)
-        self.con.deserialize(db.data)
-        self.con.execute("PRAGMA query_only = ON")
-        self.con.execute("PRAGMA temp_store = MEMORY")
-        for limit, value in ((sqlite3.SQLITE_LIMIT_LENGTH, 100_000), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 10_000),
-                             (sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 100), (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
-                             (sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 20), (sqlite3.SQLITE_LIMIT_FUNCTION_ARG, 16)):
-            self.con.setlimit(limit, value)
-        self.denied = ""
-        self.con.set_authorizer(self._authorize)
-        self.ticks = 0
-        self.con.set_progress_handler(self._progress, 1000)
-
-    def _authorize(self, action: int, arg1, arg2, db_name, trigger) -> int:
-        if action in _ALLOWED and not (action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in _DENIED_FUNCTIONS):
-            return sqlite3.SQLITE_OK
-        self.denied = (f"function {arg2}() is not allowed" if action == sqlite3.SQLITE_FUNCTION
-                       else "only SELECT queries are allowed")
-        return sqlite3.SQLITE_DENY
-
-    def _progress(self) -> int:
-        self.ticks += 1
-        return int(self.ticks * 1000 > MAX_VM_STEPS)
+    def __init__(self, db: Database, sandbox: Sandbox | None = None, limits: Limits = QUERY_LIMITS):
+        self.spec = {"db": base64.b64encode(db.data).decode(), "limits": {str(k): v for k, v in _SQLITE_LIMITS},
+                     "allowed": sorted(_ALLOWED), "denied_functions": sorted(_DENIED_FUNCTIONS),
+                     "vm_steps": MAX_VM_STEPS}
+        self.sandbox, self.limits = sandbox, limits
 
     def query(self, sql: str, max_rows: int = MAX_ROWS) -> tuple[list[str], list[tuple], bool]:
         """(column names, first rows, whether there are more) or QueryError with a short message."""
-        self.denied, self.ticks = "", 0
-        try:
-            cur = self.con.execute(sql)
-            rows = cur.fetchmany(max_rows + 1)
-            cols = [d[0] for d in cur.description or ()]
-            cur.close()
-        except sqlite3.Error as e:
-            msg = str(e).rstrip(".")
-            if self.denied and "authoriz" in msg:
-                msg = self.denied
-            elif "interrupted" in msg:
-                msg = f"query stopped after {MAX_VM_STEPS:,} steps (too much work)"
-            raise QueryError(msg) from None
-        except (ValueError, OverflowError, UnicodeError, MemoryError) as e:  # NUL characters, surrogates, ...
-            raise QueryError(f"cannot run this query ({type(e).__name__})") from None
-        return cols, rows[:max_rows], len(rows) > max_rows
+        box = self.sandbox or default_sandbox()
+        res = box.run_sql({**self.spec, "query": sql, "max_rows": max_rows}, self.limits)
+        if not res.ok:
+            raise QueryError(f"query stopped: {res.error}" if res.status in _STOPPED else
+                             f"cannot run this query ({res.error})")
+        out = json.loads(res.stdout)
+        if "error" in out:
+            if out["denied"]:
+                raise QueryError(out["denied"])
+            if out["interrupted"]:
+                raise QueryError(f"query stopped after {MAX_VM_STEPS:,} steps (too much work)")
+            raise QueryError(out["error"])
+        rows = [tuple(bytes.fromhex(v["blob"]) if isinstance(v, dict) else v for v in r) for r in out["rows"]]
+        return out["cols"], rows, out["more"]
 
     def close(self) -> None:
-        self.con.close()
+        pass
 
 
 def cell(v: object) -> str:
