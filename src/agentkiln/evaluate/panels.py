@@ -54,8 +54,9 @@ def load_manifest(tasks_dir: str | Path, split: str) -> dict:
         versions = manifest["env_versions"]
         if not isinstance(tasks, list) or not isinstance(versions, dict):
             raise TypeError("tasks must be a list and env_versions a mapping")
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a valid task manifest ({e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a valid task manifest ({e}); restore it (dvc checkout data/tasks) or "
+                         "re-run the synthesize stage (dvc repro synthesize)") from e
     recorded = manifest.get(DIGEST_KEY)
     if recorded is None:
         raise ValueError(f"{path}: the manifest has no {DIGEST_KEY} field (unsealed or written by an older "

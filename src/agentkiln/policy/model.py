@@ -6,25 +6,37 @@ on the task text (the embedded CPU default). Any other source is a local Hugging
 (Qwen2, Llama, ...: `from_pretrained`), or a hub id where a hub is reachable; after loading, every
 policy goes through the same code. A tokenizer that cannot encode the task text or has no chat
 template stops the run at load, naming the directory.
+
+A saved policy directory carries a manifest (agentkiln_manifest.json: the sha256 of every file, the
+directory's format version and the agent format it was trained with), written last by `save_policy`
+and checked by `load_policy` before anything is loaded: a missing agent.json, garbage in any file or
+weights overwritten (even with finite numbers) stop the run naming the file and the stage to rerun.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from agentkiln.artifacts import (ArtifactError, MissingArtifactError, read_json, rebuild_hint, verify_manifest,
+                                 write_json, write_manifest)
 from agentkiln.config import ModelParams
 from agentkiln.policy.chat import ChatFormat
-from agentkiln.policy.prompt import AgentFormat
+from agentkiln.policy.prompt import FORMAT_VERSION, AgentFormat
 from agentkiln.policy.tokenizer import build_scratch_tokenizer, check_tokenizer
 
 AGENT_FILE = "agent.json"
+MANIFEST_FILE = "agentkiln_manifest.json"
+POLICY_KIND = "agentkiln-policy"
+POLICY_FORMAT = 1  # layout of a saved policy: HF weights + tokenizer + agent.json + manifest
+MARKER = "agentkiln_policy_format"  # in config.json: an agentkiln policy (so it must have its manifest)
 # what every policy's tokenizer must encode and decode back (plus the task text a stage passes)
 PROBE_TEXTS = ["go north", "take the red key from the table", "search[polo shirt]",
                "sql[SELECT name FROM employees WHERE salary > 52000]", "python[print((50 + 25) * 7 / 3)]"]
@@ -84,21 +96,68 @@ def build_scratch_policy(params: ModelParams, texts: Iterable[str], fmt: AgentFo
     return Policy(build_scratch_model(params, tokenizer, seed), tokenizer, fmt, params.max_context, "scratch")
 
 
+class _AgentFormatFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    system_prompt: str | None
+    show_admissible: bool
+    observation_role: Literal["user", "tool"]
+    native_tools: bool
+    version: str
+
+
+class AgentFile(BaseModel):
+    """agent.json: how the policy was trained to talk (AgentFormat) and its context window."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: _AgentFormatFile
+    context: int = Field(ge=1)
+
+
+def saved_meta(path: Path) -> dict | None:
+    """The checked agent.json of a saved policy directory ({"format", "context"}), after its manifest's
+    checks (every file present with its recorded sha256); None for a directory agentkiln did not save
+    (a Hugging Face model: no manifest, no agent.json, no agentkiln mark in config.json)."""
+    path = Path(path)
+    hint = rebuild_hint(path)
+    if not (path / MANIFEST_FILE).is_file():
+        config = read_json(path / "config.json", what="model config", hint=hint) if (path / "config.json").is_file() else {}
+        found = [f for f in (AGENT_FILE,) if (path / f).exists()] + (["the agentkiln mark in config.json"]
+                                                                      if isinstance(config, dict) and MARKER in config else [])
+        if not found:
+            return None
+        raise MissingArtifactError(
+            f"{path / MANIFEST_FILE}: missing: {path} is a saved agentkiln policy ({' and '.join(found)}) without "
+            f"its manifest, so its files cannot be checked (damaged, or saved by an older agentkiln); {hint}")
+    manifest = verify_manifest(path, MANIFEST_FILE, POLICY_KIND, POLICY_FORMAT, required=(AGENT_FILE, "config.json"),
+                               hint=hint)
+    agent = read_json(path / AGENT_FILE, AgentFile, "agent format file", hint).model_dump()
+    if agent["format"]["version"] != FORMAT_VERSION:
+        raise ArtifactError(f"{path / AGENT_FILE}: agent format {agent['format']['version']!r}: this agentkiln reads "
+                            f"{FORMAT_VERSION!r} (episodes as conversations); {hint}")
+    if manifest.meta.get("agent") != agent:
+        raise ArtifactError(f"{path / AGENT_FILE}: disagrees with the training format in {path / MANIFEST_FILE}; {hint}")
+    return agent
+
+
 def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int | None = None,
                 probe: Iterable[str] = ()) -> Policy:
-    """A saved policy directory (its agent.json gives format and context), or any causal LM directory
-    (then `fmt` / `context` or the defaults). Checks the tokenizer on PROBE_TEXTS + `probe`."""
+    """A saved policy directory (checked against its manifest; its agent.json gives format and
+    context), or any causal LM directory (then `fmt` / `context` or the defaults). Checks the
+    tokenizer on PROBE_TEXTS + `probe`."""
     source = str(source)
     path = Path(source)
     if not path.is_dir() and (path.is_absolute() or source.startswith((".", "models/", "data/"))):
         raise FileNotFoundError(f"{source}: no such model directory (run the stage that writes it, or fix the path)")
+    meta = saved_meta(path) if path.is_dir() else None  # before any file is parsed: damage is named, not crashed on
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as e:
         where = "a model directory" if path.is_dir() else "a local directory, and loading it as a hub id failed"
         raise FileNotFoundError(f"{source}: not {where} with config.json, weights and tokenizer files ({e})") from e
-    meta = json.loads((path / AGENT_FILE).read_text()) if (path / AGENT_FILE).is_file() else {}
+    meta = meta or {}
     if fmt is None:
         fmt = AgentFormat.from_dict(meta["format"]) if meta else AgentFormat()
     context = context or meta.get("context") or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -109,10 +168,15 @@ def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int
 
 
 def save_policy(policy: Policy, out_dir: str | Path) -> Path:
+    """Weights, tokenizer, agent.json, then the manifest of them all (written last: a directory whose
+    save was interrupted has none, and is refused at load)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST_FILE).unlink(missing_ok=True)
+    setattr(policy.model.config, MARKER, POLICY_FORMAT)
     policy.model.save_pretrained(out)
     policy.tokenizer.save_pretrained(out)
     meta = {"format": policy.fmt.to_dict(), "context": policy.context}
-    (out / AGENT_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_json(out / AGENT_FILE, meta)
+    write_manifest(out, MANIFEST_FILE, POLICY_KIND, POLICY_FORMAT, meta={"agent": meta})
     return out

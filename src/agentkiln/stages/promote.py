@@ -10,11 +10,11 @@ champion it actually replaces and every promoted version stays on the `promoted_
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlflow
 
+from agentkiln.artifacts import MetricsFile, OutcomesFile, read_json
 from agentkiln.config import EvaluateParams, Params, PromoteParams
 from agentkiln.evaluate.panels import panel_id
 from agentkiln.registry.lineage import lineage_tags
@@ -42,11 +42,13 @@ def encode_outcomes(per_task: dict[str, int]) -> str:
 
 
 def read_reports(reports_dir: Path) -> tuple[dict, dict]:
+    """metrics.json and outcomes.json of the evaluate stage, checked against their schemas: a missing,
+    unparsable or off-schema file is refused naming it (agentkiln.artifacts.read_json)."""
     reports_dir = Path(reports_dir)
-    for f in ("metrics.json", "outcomes.json"):
-        if not (reports_dir / f).is_file():
-            raise FileNotFoundError(f"{reports_dir / f}: missing; run the pipeline (dvc repro) before promotion")
-    return json.loads((reports_dir / "metrics.json").read_text()), json.loads((reports_dir / "outcomes.json").read_text())
+    hint = "run the evaluate stage first (dvc repro evaluate)"
+    metrics = read_json(reports_dir / "metrics.json", MetricsFile, "evaluation metrics", hint, as_model=False)
+    outcomes = read_json(reports_dir / "outcomes.json", OutcomesFile, "per-task outcomes", hint, as_model=False)
+    return metrics, outcomes
 
 
 def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, model_dirs: dict[str, Path]) -> dict:
