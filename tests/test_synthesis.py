@@ -5,6 +5,9 @@ params, synthesized twice per module to check reproducibility."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -43,8 +46,16 @@ def tiny(**over) -> SynthesizeParams:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """The same params synthesized twice: here, and in another interpreter with another hash seed."""
     a, b = tmp_path_factory.mktemp("a"), tmp_path_factory.mktemp("b")
-    return (a, synthesize(tiny(), a, progress=False)), (b, synthesize(tiny(), b, progress=False))
+    code = ("import json, sys\nfrom pathlib import Path\nfrom agentkiln.config import SynthesizeParams\n"
+            "from agentkiln.synthesis import synthesize\n"
+            "p = SynthesizeParams.model_validate_json(sys.argv[1])\n"
+            "print(json.dumps(synthesize(p, Path(sys.argv[2]), progress=False)))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code, tiny().model_dump_json(), str(b)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return (a, synthesize(tiny(), a, progress=False)), (b, json.loads(out.strip().splitlines()[-1]))
 
 
 def manifest(root, split) -> dict:
@@ -107,6 +118,12 @@ def test_same_params_same_bytes(runs):
     for name in ("expert_trajectories.parquet", "tasks.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(a / name), pd.read_parquet(b / name))
     assert (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
+    # every file, the compiled TextWorld games included, byte for byte (run b had another hash seed)
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert any(f.suffix == ".z8" for f in files)
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
 def test_corrupt_tables_are_rejected_by_name(runs, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
 import shutil
 import time
@@ -30,6 +31,9 @@ from agentkiln.config import SPLITS, SynthesizeParams
 from agentkiln.evaluate.panels import seal
 from agentkiln.schemas import validate_expert_trajectories, validate_task_table
 from agentkiln.synthesis.generate import MAX_RETRIES, SEED_STRIDE, build, env_version, task_seed
+
+
+WORKER_HASH_SEED = "0"  # see synthesize(): same params -> same bytes, whatever the caller's hash seed
 
 
 def allot(mix: dict[str, float], n: int, seed: int) -> list[str]:
@@ -95,8 +99,12 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
                            task_seed(sp.seed, sp.n_tasks, i, attempt), knobs[ttype], str(out_dir),
                            params.max_expert_steps)
 
-    # spawn: safe even when the caller has threads (Prefect runs tasks in a thread pool)
+    # spawn: safe even when the caller has threads (Prefect runs tasks in a thread pool). Workers start
+    # with a fixed hash seed: TextWorld iterates sets while writing a game (fail events, the names it
+    # excludes), so with Python's random per-process seed the same params gave different .z8/.json bytes
     pool = ProcessPoolExecutor(max_workers=params.workers, mp_context=multiprocessing.get_context("spawn"))
+    hash_seed = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = WORKER_HASH_SEED
     try:
         # every split's first attempts are queued at once so workers never idle between splits;
         # admission is still decided in split order, then task order, whatever finishes first
@@ -142,6 +150,10 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
             }
     finally:  # on an error, stop now rather than after every queued task is built
         pool.shutdown(cancel_futures=True)
+        if hash_seed is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = hash_seed
     _prune_games(out_dir, {t["game_file"] for t in (json.loads(r["data"]) for r in task_rows) if "game_file" in t})
     df = validate_expert_trajectories(pd.DataFrame(expert_rows), source="synthesized expert trajectories")
     df.to_parquet(out_dir / "expert_trajectories.parquet", index=False)
