@@ -187,3 +187,90 @@ def test_kl_estimators_and_entropy_bonus_hand_computed():
     with pytest.raises(ValueError, match="k4"):
         kl_penalty(logp, ref, "k4")
     assert float(entropy_bonus(torch.tensor([1.0, 3.0]), 0.1)) == pytest.approx(-0.2)
+
+
+# ---------------------------------------------------------------- numerics: clamps, ties, constants
+from agentkiln.algos.advantages import TIE_STD  # noqa: E402
+
+
+def test_ppo_log_ratio_is_clamped_to_20_so_a_log_ratio_of_100_gives_a_finite_loss():
+    # token 1: log-ratio +100 -> 20, rho = e^20, A = -1: -min(-e^20, -1.28) = e^20 (unclamped: inf)
+    # token 2: log-ratio +100, A = 0: 0 (unclamped: inf * 0 = nan)
+    # token 3: log-ratio -100 -> -20, rho = e^-20, A = +1: -min(e^-20, 0.8) = -e^-20
+    logp = torch.tensor([0.0, 0.0, -100.0], requires_grad=True)
+    old, adv = torch.tensor([-100.0, -100.0, 0.0]), torch.tensor([-1.0, 0.0, 1.0])
+    loss, info = ppo_clip(logp, old, adv, 0.2, 0.28)
+    assert float(loss.detach()) == pytest.approx((math.exp(20) - math.exp(-20)) / 3, rel=1e-6)
+    assert info["ratio_mean"] == pytest.approx((2 * math.exp(20) + math.exp(-20)) / 3, rel=1e-6)
+    loss.backward()
+    assert logp.grad.tolist() == [0.0, 0.0, 0.0]  # past the clamp no gradient flows (finite, not nan)
+    dual, _ = ppo_clip(logp.detach(), old, adv, 0.2, 0.28, dual_clip=3.0)
+    assert float(dual) == pytest.approx((3.0 - math.exp(-20)) / 3, abs=1e-6)
+    # inside the clamp nothing changes: log-ratio 19 with A = -1 gives e^19
+    assert float(ppo_clip(torch.tensor([0.0]), torch.tensor([-19.0]), torch.tensor([-1.0]))[0]) == pytest.approx(
+        math.exp(19), rel=1e-6)
+
+
+def test_gspo_sequence_log_ratio_is_clamped_at_10():
+    # one sequence, mean log-ratio 100 -> 10: s = e^10, A = -1 -> -min(-e^10, -(1 - 3e-4)) = e^10 (unclamped: inf)
+    loss, _ = gspo(torch.tensor([0.0, 0.0]), torch.tensor([-100.0, -100.0]), torch.tensor([-1.0, -1.0]),
+                   torch.tensor([0, 0]))
+    assert float(loss) == pytest.approx(math.exp(10), rel=1e-6)
+
+
+def test_k3_clamps_its_log_ratio_and_its_value_and_abs_estimator():
+    # d = ref - logp: -100 -> -20: e^-20 + 19 -> 10; +100 -> +20: e^20 - 21 -> 10 (unclamped: inf);
+    # 3: e^3 - 4 = 16.0855 -> 10; 2: e^2 - 3 = 4.389056; -5: e^-5 + 4 = 4.006738 (under the clamps)
+    logp = torch.tensor([0.0, -100.0, 0.0, 0.0, 0.0])
+    ref = torch.tensor([-100.0, 0.0, 3.0, 2.0, -5.0])
+    assert kl_k3(logp, ref).tolist() == pytest.approx([10.0, 10.0, 10.0, 4.389056, 4.006738], abs=1e-5)
+    assert kl_penalty(logp, ref, "abs").tolist() == [100.0, 100.0, 3.0, 2.0, 5.0]
+    assert float(kl_penalty(torch.tensor([-1.0]), torch.tensor([-2.0]), "abs")) == 1.0
+
+
+def test_tied_float32_group_gets_exactly_zero_advantage():
+    # eight rewards of 0.7 in float32: their mean is off by one ulp (std 6.4e-8), which without the
+    # tolerance gave every member A = +0.056 (GRPO) and 6e-8 (Dr.GRPO, RLOO)
+    rewards = torch.tensor([0.7] * 8 + [1.0, 0.0], dtype=torch.float32)
+    groups = torch.tensor([0] * 8 + [1, 1])
+    assert float(rewards[:8].std()) > 0 and TIE_STD == 1e-6
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert grpo(rewards, groups).tolist() == [0.0] * 8 + [pytest.approx(a), pytest.approx(-a)]
+    assert grpo(rewards, groups, norm_by_std=False).tolist() == [0.0] * 8 + [0.5, -0.5]
+    assert rloo(rewards, groups).tolist() == [0.0] * 8 + [1.0, -1.0]
+    # the tolerance scales with |mean| past 1: 100.7 (float32 ulp 7.6e-6) ties too; a real spread of 1e-3 does not
+    assert grpo(torch.full((8,), 100.7), torch.zeros(8, dtype=torch.long)).tolist() == [0.0] * 8
+    assert grpo(torch.tensor([0.7, 0.701]), torch.zeros(2, dtype=torch.long)).abs().min() > 0.7
+
+
+def test_tied_pools_of_gigpo_and_reinforce_pp_baseline_are_exactly_zero():
+    # GiGPO (mean_std_norm): group 0 is eight one-step episodes of reward 0.7 from anchor A (the
+    # episode group and the step pool both tied in float32); group 1 (1, 0) is live at both levels:
+    # +-0.5 / (sqrt(0.5) + 1e-6) each
+    adv = gigpo(torch.tensor([0.7] * 8 + [1.0, 0.0]), torch.tensor([0] * 8 + [1, 1]),
+                torch.tensor([0.7] * 8 + [1.0, 0.0]), torch.arange(10), ["A"] * 10, gamma=0.95)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert adv.tolist() == [0.0] * 8 + [pytest.approx(2 * a), pytest.approx(-2 * a)]
+    # REINFORCE++-baseline: group 0 tied at 0.7 -> 0 before whitening; group 1 scores 1, 0 -> +-0.5,
+    # whitened over 10 tokens (0 x 8, 0.5, -0.5): mean 0, unbiased var 0.5 / 9
+    r = torch.tensor([[0.7]] * 8 + [[1.0], [0.0]])
+    adv = reinforce_pp(r, torch.ones(10, 1), baseline_group_ids=torch.tensor([0] * 8 + [1, 1]))
+    s = math.sqrt(0.5 / 9)
+    assert adv.flatten().tolist() == [0.0] * 8 + [pytest.approx(0.5 / s, abs=1e-5), pytest.approx(-0.5 / s, abs=1e-5)]
+
+
+def test_seq_mean_token_sum_and_a_constant_norm_len_across_minibatches():
+    # minibatch 1: sequences of 1 and 3 tokens (losses 1 | 2, 3, 6); minibatch 2: 2 and 2 tokens
+    # (1, 1 | 1, 1). seq-mean-token-sum: mean of the per-sequence sums.
+    l1, s1 = torch.tensor([1.0, 2.0, 3.0, 6.0]), torch.tensor([0, 1, 1, 1])
+    l2, s2 = torch.ones(4), torch.tensor([2, 2, 3, 3])
+    assert float(aggregate(l1, "seq-mean-token-sum", s1)) == pytest.approx((1 + 11) / 2)
+    assert float(aggregate(l2, "seq-mean-token-sum", s2)) == pytest.approx((2 + 2) / 2)
+    # seq-mean-token-sum-norm with the constant L = 8: 12 / (2 * 8) and 4 / (2 * 8), whatever the
+    # minibatch's longest sequence (3 and 2: without the constant, 12 / 6 and 4 / 4)
+    assert float(aggregate(l1, "seq-mean-token-sum-norm", s1, norm_len=8)) == pytest.approx(0.75)
+    assert float(aggregate(l2, "seq-mean-token-sum-norm", s2, norm_len=8)) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="seq-mean-token-sum"):
+        aggregate(l1, "token-sum", s1)
+    # the entropy bonus reduces entropies with the loss's own aggregation
+    assert float(entropy_bonus(l1, 0.1, "seq-mean-token-sum", s1)) == pytest.approx(-0.6)

@@ -18,6 +18,7 @@ from agentkiln.rollout.sequence import render
 from agentkiln.stages import distill as stage
 from agentkiln.synthesis.generate import generate
 from agentkiln.trainers import distill as kd
+from agentkiln.trainers import supervised as sup
 from agentkiln.trainers.batch import build_batch
 from agentkiln.trainers.supervised import OptimConfig, train_supervised
 
@@ -144,11 +145,36 @@ MODE_KEYS = {
 
 @pytest.mark.parametrize("mode", ["trajectory", "forward-kl", "on-policy"])
 def test_every_mode_trains_a_smaller_student_and_reports(world, params, monkeypatch, tmp_path, mode):
+    steps = []  # (loss, tokens) of every optimizer step of the mode's own objective
+    if mode == "trajectory":  # the cross-entropy -mean log p of each step's reply tokens
+        real_lp = sup.token_logprobs
+
+        def spy_lp(model, batch, *a, **k):
+            logp, ent = real_lp(model, batch, *a, **k)
+            if model.training:
+                steps.append((float(-logp.detach().mean()), logp.numel()))
+            return logp, ent
+
+        monkeypatch.setattr(sup, "token_logprobs", spy_lp)
+    else:
+        name = "forward_kl_loss" if mode == "forward-kl" else "reverse_kl_loss"
+        real_kl = getattr(kd, name)
+
+        def spy_kl(student, teacher, mask, *a, **k):
+            loss = real_kl(student, teacher, mask, *a, **k)
+            steps.append((float(loss.detach()), len(student)))
+            return loss
+
+        monkeypatch.setattr(kd, name, spy_kl)
     report = run(world, params, monkeypatch, tmp_path, mode=mode)
     assert report["mode"] == mode
     assert MODE_KEYS[mode] <= set(report), set(report)
     assert report["student_params"] < report["teacher_params"]
-    assert math.isfinite(report["final_loss"]) and report["final_loss"] >= 0
+    # one epoch (one on-policy round): final_loss is the token-weighted mean of the losses its steps
+    # minimised (recomputed from them here), and a freshly initialised student is not the teacher
+    assert steps and report["final_loss"] == pytest.approx(sum(x * n for x, n in steps) / sum(n for _, n in steps),
+                                                           rel=1e-6)
+    assert report["final_loss"] > 0.1
     assert report["teacher_sample_success"] > 0  # the tiny teacher wins some episodes
     saved = load_policy(tmp_path / "student")
     assert saved.n_params() == report["student_params"]

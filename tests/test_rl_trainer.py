@@ -2,7 +2,9 @@
 accumulation, dynamic sampling, every algorithm end to end on real environments, and
 resume-after-kill equality."""
 
+import math
 import random
+import types
 
 import pytest
 import torch
@@ -112,6 +114,25 @@ def test_reinforce_pp_credit_is_per_token_and_whitened():
     assert got[0] == [[pytest.approx(white[0])] * 2, [pytest.approx(white[2])]] and got[1] == [[pytest.approx(white[3])]]
 
 
+def test_gigpo_mean_norm_mode_centres_without_std_division():
+    # the episodes of test_gigpo_credit_differs_per_turn_by_anchor under verl-agent's mean_norm:
+    # episode level 1 - 0.5 = +-0.5; pool s: returns 0.5 and 0 -> +-0.25; singleton pools 0
+    eps = [episode(0, [t(1, anchor="s"), t(1, reward=1.0, anchor="w")], won=True),
+           episode(0, [t(1, anchor="s"), t(1, anchor="l")], won=False)]
+    p = RLParams(algorithm="gigpo", gamma=0.5, gigpo_mode="mean_norm")
+    batch = build_batch(eps, 0)
+    assert per_turn(batch, advantages(batch, eps, p)[0], eps) == [[[0.75], [0.5]], [[-0.75], [-0.5]]]
+
+
+def test_reinforce_pp_baseline_credit_subtracts_the_group_mean_then_whitens():
+    # scores 1 and 0 (group mean 0.5) -> +0.5 on the winner's 3 tokens, -0.5 on the loser's one;
+    # whitened over the 4 tokens: mean 0.25, unbiased var 0.25 -> 0.5, 0.5, 0.5, -1.5
+    eps = [episode(0, [t(2), t(1, reward=1.0)], won=True), episode(0, [t(1)], won=False)]
+    batch = build_batch(eps, 0)
+    got = per_turn(batch, advantages(batch, eps, RLParams(algorithm="reinforce_pp_baseline"))[0], eps)
+    assert got == [[[pytest.approx(0.5)] * 2, [pytest.approx(0.5)]], [[pytest.approx(-1.5)]]]
+
+
 def test_credit_spans_an_episodes_windows():
     # an episode in two windows (rows): per-episode credit must see both, in order
     ep = episode(0, [t(1), t(1), t(1, reward=1.0)], won=True)
@@ -126,6 +147,99 @@ def test_credit_spans_an_episodes_windows():
     assert [x for turn in got[0] for x in turn] == pytest.approx(white[:3]) and got[1] == [[pytest.approx(white[3])]]
 
 
+# ---------------------------------------------------------------- the update's loss by value
+def fixed_scores(monkeypatch, entropy: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Replace the model's scoring in the trainer: every reply token's log-prob is its behaviour
+    log-prob (ratio 1) and its entropy is `entropy[its position]` (`fixed_batch` numbers the reply
+    tokens by their ids), both leaves whose gradients the test reads. Returns (micro-batch, logp,
+    entropy) of every micro-batch."""
+    seen = []
+
+    def fake(model, batch, temperature=1.0, with_entropy=True):
+        logp = batch.flat(batch.old_logp).clone().requires_grad_()
+        pos = batch.flat(batch.input_ids) - TOKEN0
+        ent = (entropy[pos] if entropy is not None else torch.zeros(len(pos))).clone().requires_grad_()
+        seen.append((batch, logp, ent))
+        return logp, ent
+
+    monkeypatch.setattr(trainer, "token_logprobs", fake)
+    return seen
+
+
+def fixed_batch(lengths: list[int], adv: list[float]) -> Batch:
+    """One single-turn episode per entry (group 0), its reply tokens' advantage set to adv[e]; the
+    reply tokens' ids are TOKEN0 + their position in the batch (no model reads them)."""
+    eps = [episode(0, [t(n)], won=False) for n in lengths]
+    batch = build_batch(eps, 0)
+    batch.advantages = torch.tensor(adv)[batch.episode][:, None] * batch.loss_mask
+    batch.input_ids[batch.loss_mask] = TOKEN0 + torch.arange(batch.n_tokens)
+    return batch
+
+
+def grads_by_token(seen, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accumulated d loss / d logp and d loss / d entropy of each of the batch's n tokens."""
+    g_logp, g_ent = torch.zeros(n), torch.zeros(n)
+    for batch, logp, ent in seen:
+        pos = batch.flat(batch.input_ids) - TOKEN0
+        g_logp.index_add_(0, pos, logp.grad)
+        if ent.grad is not None:  # None: the loss had no entropy term
+            g_ent.index_add_(0, pos, ent.grad)
+    return g_logp, g_ent
+
+
+FAKE_POLICY = types.SimpleNamespace(model=torch.nn.Linear(1, 1))  # scoring is faked: only update's optimizer sees it
+TOKEN0 = 1000
+
+
+@pytest.mark.parametrize("micro", [None, 1])
+def test_seq_mean_token_sum_norm_divides_by_the_configured_constant_in_every_minibatch(monkeypatch, micro):
+    # episodes of 3, 1, 2, 2 reply tokens with advantages 1, -1, 2, 0.5, two episodes per minibatch
+    # (shuffled: the longest episode of a minibatch is 3 or 2). Ratio 1: token loss -A, so with
+    # L = loss_agg_norm_len = 10 every token's gradient is -A / (2 episodes * 10) whichever minibatch
+    # it falls in, and the mean minibatch loss is (-3 + 1 - 4 - 1) / (2 minibatches * 2 * 10).
+    seen = fixed_scores(monkeypatch)
+    batch = fixed_batch([3, 1, 2, 2], [1.0, -1.0, 2.0, 0.5])
+    p = RLParams(loss_agg="seq-mean-token-sum-norm", loss_agg_norm_len=10, minibatch_size=2,
+                 micro_batch_size=micro, kl_coef=0.0)
+    opt = torch.optim.SGD(FAKE_POLICY.model.parameters(), lr=0.0)
+    stats = trainer.update(FAKE_POLICY, None, batch, p, opt, None, torch.Generator().manual_seed(0))
+    g_logp, _ = grads_by_token(seen, 8)
+    adv = [1.0] * 3 + [-1.0] + [2.0] * 2 + [0.5] * 2
+    assert g_logp.tolist() == pytest.approx([-a / 20 for a in adv], abs=1e-7)
+    if micro is None:  # one loss per minibatch
+        assert stats["pg_loss"] == pytest.approx(-7 / 40, abs=1e-7)
+
+
+def test_update_loss_is_policy_loss_plus_kl_minus_entropy_bonus_by_value(monkeypatch):
+    # 8 reply tokens (episodes of 3, 1, 2, 2 tokens, advantages 1, -1, 2, 0.5), entropies 1..8, the
+    # reference 1 nat below the behaviour policy on every token, token-mean, one minibatch:
+    #   policy loss  -(3 - 1 + 4 + 1) / 8 = -0.875;  k3 per token: e^-1 + 1 - 1 = 0.367879
+    #   entropy      mean 4.5;  loss = -0.875 + 0.5 * 0.367879 - 0.1 * 4.5
+    entropy = torch.arange(1.0, 9.0)
+    seen = fixed_scores(monkeypatch, entropy)
+    batch = fixed_batch([3, 1, 2, 2], [1.0, -1.0, 2.0, 0.5])
+    batch.ref_logp = batch.old_logp - 1.0
+    p = RLParams(minibatch_size=4, kl_coef=0.5, kl_estimator="k3", entropy_coef=0.1)
+    opt = torch.optim.SGD(FAKE_POLICY.model.parameters(), lr=0.0)
+    stats = trainer.update(FAKE_POLICY, None, batch, p, opt, None, torch.Generator().manual_seed(0))
+    k3 = math.exp(-1)
+    assert stats["pg_loss"] == pytest.approx(-0.875)
+    assert stats["kl"] == pytest.approx(k3, abs=1e-6)
+    assert stats["entropy"] == pytest.approx(4.5)
+    assert stats["loss"] == pytest.approx(-0.875 + 0.5 * k3 - 0.45, abs=1e-6)
+    g_logp, g_ent = grads_by_token(seen, 8)
+    assert g_ent.tolist() == pytest.approx([-0.1 / 8] * 8)  # d(-0.1 * mean H) / d H_t
+    # d/d logp: -A / 8 from the policy loss, + 0.5 * (1 - e^(ref - logp)) / 8 from k3
+    adv = [1.0] * 3 + [-1.0] + [2.0] * 2 + [0.5] * 2
+    assert g_logp.tolist() == pytest.approx([(-a + 0.5 * (1 - k3)) / 8 for a in adv], abs=1e-6)
+    # entropy_coef 0: no entropy term in the loss (still reported)
+    seen.clear()
+    stats = trainer.update(FAKE_POLICY, None, batch, p.model_copy(update={"entropy_coef": 0.0}), opt, None,
+                           torch.Generator().manual_seed(0))
+    assert stats["loss"] == pytest.approx(-0.875 + 0.5 * k3, abs=1e-6) and stats["entropy"] == pytest.approx(4.5)
+    assert grads_by_token(seen, 8)[1].abs().max() == 0
+
+
 @pytest.fixture(scope="module")
 def texts(lake_pool):
     return task_texts(*lake_pool)
@@ -135,7 +249,7 @@ def policy(texts, seed=0):
     return build_scratch_policy(TINY, texts, AgentFormat(), seed=seed)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_micro_batches_accumulate_the_minibatch_gradient_exactly(lake_pool, texts, agg):
     tasks, tasks_dir = lake_pool
     grads = []
@@ -166,10 +280,20 @@ def test_dynamic_sampling_trains_only_on_groups_whose_rewards_vary(lake_pool, te
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm):
+def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm, monkeypatch):
     tasks, tasks_dir = lake_pool
     pol, ref = policy(texts), policy(texts)
-    before = [q.detach().clone() for q in pol.model.parameters()]
+    moved = []  # per update: sum over its batch's tokens of A * (log-prob after - before)
+    real_update = trainer.update
+
+    def spy(policy, critic, batch, p, *args, **kw):
+        before = trainer.score(policy.model, batch, p.temperature, 64)
+        out = real_update(policy, critic, batch, p, *args, **kw)
+        after = trainer.score(policy.model, batch, p.temperature, 64)
+        moved.append(float((batch.advantages * (after - before)).sum()))
+        return out
+
+    monkeypatch.setattr(trainer, "update", spy)
     p = RLParams(algorithm=algorithm, iterations=2, tasks_per_iter=3, group_size=4, max_turns=6, lr=1e-2,
                  truncation_penalty=-0.1, minibatch_size=6, micro_batch_size=3)
     hist = trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=0)
@@ -180,7 +304,11 @@ def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm):
     assert trained and all(keys <= set(h) for h in trained), set(hist[-1])
     if algorithm == "ppo":
         assert "value_loss" in trained[0]
-    assert any(not torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
+    # the first update (fresh optimizer) moved the policy up its advantages: sum_t A_t * (log-prob
+    # after - before) over its batch is > 0, so positive-advantage tokens gained on negative ones (a
+    # sign error, a zeroed loss or a lost step fails). Later updates mix Adam's momentum from other
+    # batches into the step and need not climb their own batch's surrogate.
+    assert len(moved) == len(trained) and moved[0] > 0, moved
 
 
 def test_episode_budget_stops_training(lake_pool, texts):

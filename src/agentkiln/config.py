@@ -195,14 +195,14 @@ class SFTParams(_Strict):
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
 
 
-ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "ppo")
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "ppo")
 
 
 class RLParams(_Strict):
     """One RL stage (agentkiln.trainers.rl; docs/rl.md says what each knob does and its default's source)."""
 
     init: str = Field("sft", description="model the stage starts from: sft or rl/<an earlier stage>")
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "ppo"] = "grpo"
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "ppo"] = "grpo"
     iterations: int = Field(30, ge=0, le=BIG)
     tasks_per_iter: int = Field(16, ge=1, le=65536)
     group_size: int = Field(8, ge=2, le=1024, description="G episodes per task from the same initial state")
@@ -222,14 +222,20 @@ class RLParams(_Strict):
     gamma: float = Field(0.95, gt=0, le=1, description="GiGPO step-return / GAE discount")
     gae_lambda: float = Field(0.95, ge=0, le=1)
     step_weight: float = Field(1.0, ge=0, le=100, description="GiGPO: weight of the step-level advantage")
+    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = Field(
+        "mean_std_norm", description="GiGPO (verl-agent's mode): episode and step advantages divided by their "
+        "group's std (mean_std_norm) or only centred (mean_norm)")
     # policy loss
     policy_loss: Literal["ppo", "gspo"] = "ppo"
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0, le=10)
     dual_clip: float | None = Field(None, gt=1, le=100)
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_norm_len: int = Field(
+        256, ge=1, le=BIG, description="seq-mean-token-sum-norm: the constant length L of sum / (n_episodes * L) "
+        "(Dr.GRPO's generation budget, verl's loss_scale_factor); it scales the update like lr, the same in every minibatch")
     kl_coef: float = Field(0.01, ge=0, le=100)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k3"
     kl_in_reward: bool = Field(False, description="fold -kl_coef * KL into the rewards instead of the loss")
     entropy_coef: float = Field(0.0, ge=0, le=100)
     # optimisation

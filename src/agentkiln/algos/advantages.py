@@ -1,8 +1,19 @@
-"""Advantage estimators: GRPO / Dr.GRPO, RLOO, REINFORCE++, GAE, GiGPO (formulas in each docstring)."""
+"""Advantage estimators: GRPO / Dr.GRPO, RLOO, REINFORCE++ (-baseline), GAE, GiGPO (formulas in each docstring)."""
 
 from __future__ import annotations
 
 import torch
+
+TIE_STD = 1e-6
+"""Tie tolerance of every group-relative estimator: a group (or GiGPO step pool) whose rewards have
+std <= TIE_STD * max(1, |group mean|) counts as tied and gets advantages of exactly 0. Rewards equal
+in exact arithmetic need not be equal in float32 (eight rewards of 0.7: mean off by one ulp, std
+6.4e-8), and (r - mean) / (std + 1e-6) would then give every member the same |A| = 0.056."""
+
+
+def _tied(mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """True where the pool's spread is rounding noise (see TIE_STD); a pool of one is always tied."""
+    return std <= TIE_STD * mean.abs().clamp(min=1.0)
 
 
 def _group_stats(values: torch.Tensor, keys: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -22,22 +33,23 @@ def _group_stats(values: torch.Tensor, keys: list) -> tuple[torch.Tensor, torch.
 def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), per episode.
 
-    std is the unbiased sample std (as torch.std); a group of one gets 0. With
-    `norm_by_std=False` this is Dr.GRPO's A_i = r_i - mean_g r.
+    std is the unbiased sample std (as torch.std); a group of one, or a tied group (std within
+    TIE_STD), gets exactly 0. With `norm_by_std=False` this is Dr.GRPO's A_i = r_i - mean_g r.
     """
     rewards = rewards.float()
-    mean, std, size = _group_stats(rewards, group_ids.tolist())
+    mean, std, _ = _group_stats(rewards, group_ids.tolist())
     centred = rewards - mean
     adv = centred / (std + eps) if norm_by_std else centred
-    return torch.where(size > 1, adv, torch.zeros_like(adv))
+    return torch.where(_tied(mean, std), torch.zeros_like(adv), adv)
 
 
 def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """RLOO: A_i = r_i - mean_{j != i} r_j over the other episodes of i's group (0 for a group of one)."""
+    """RLOO: A_i = r_i - mean_{j != i} r_j over the other episodes of i's group (0 for a group of one
+    or a tied group, see TIE_STD)."""
     rewards = rewards.float()
-    mean, _, n = _group_stats(rewards, group_ids.tolist())
+    mean, std, n = _group_stats(rewards, group_ids.tolist())
     others = (mean * n - rewards) / (n - 1).clamp(min=1)
-    return torch.where(n > 1, rewards - others, torch.zeros_like(rewards))
+    return torch.where(_tied(mean, std), torch.zeros_like(rewards), rewards - others)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -56,14 +68,17 @@ def reinforce_pp(
     Without a baseline: the discounted return-to-go over action tokens,
     G_t = r_t + gamma * G_{t+1} (off-mask tokens neither earn nor carry return), then whitened
     over every masked token of the batch. Fold a -beta*KL term into `token_rewards` first.
-    With `baseline_group_ids` (REINFORCE++-baseline): each sequence's score sum_t r_t minus its
-    group's mean score, broadcast over its tokens, then whitened the same way.
+    With `baseline_group_ids` (REINFORCE++-baseline, verl's reinforce_plus_plus_baseline): each
+    sequence's score sum_t r_t minus its group's mean score (0 for a group of one or a tied group,
+    see TIE_STD; verl keeps a lone sequence's raw score), broadcast over its tokens, then whitened
+    the same way; `gamma` is not used.
     """
     r, m = token_rewards.float(), mask.float()
     if baseline_group_ids is not None:
         score = (r * m).sum(-1)
-        mean, _, _ = _group_stats(score, baseline_group_ids.tolist())
-        returns = (score - mean)[:, None] * m
+        mean, std, _ = _group_stats(score, baseline_group_ids.tolist())
+        centred = torch.where(_tied(mean, std), torch.zeros_like(score), score - mean)
+        returns = centred[:, None] * m
     else:
         returns = torch.zeros_like(r)
         running = torch.zeros(r.shape[0])
@@ -110,8 +125,9 @@ def gigpo(
 
     A^E: the GRPO advantage of the step's episode within its group. A^S: the step's discounted
     return R_t = sum_{k>=t} gamma^(k-t) r_k (within its episode) against the pool of steps of the
-    same group with the same anchor state, (R_t - mean) / (std + eps) (std unbiased; no division
-    when `norm_by_std` is False); a pool of one gives 0. Steps must be in order within each episode.
+    same group with the same anchor state, (R_t - mean) / (std + eps) (std unbiased); a pool of one
+    or a tied pool (TIE_STD) gives 0. `norm_by_std` True is verl-agent's mode `mean_std_norm`, False
+    its `mean_norm` (no std division at either level). Steps must be in order within each episode.
     """
     step_rewards = step_rewards.float()
     ep_adv = grpo(episode_rewards, group_ids, norm_by_std=norm_by_std, eps=eps)
@@ -122,8 +138,8 @@ def gigpo(
         running[e] = float(step_rewards[i]) + gamma * running.get(e, 0.0)
         returns[i] = running[e]
     keys = [(int(group_ids[int(e)]), a) for e, a in zip(step_episode.tolist(), step_anchor)]
-    mean, std, size = _group_stats(returns, keys)
+    mean, std, _ = _group_stats(returns, keys)
     centred = returns - mean
     step_adv = centred / (std + eps) if norm_by_std else centred
-    step_adv = torch.where(size > 1, step_adv, torch.zeros_like(step_adv))
+    step_adv = torch.where(_tied(mean, std), torch.zeros_like(step_adv), step_adv)
     return ep_adv[step_episode.long()] + step_weight * step_adv

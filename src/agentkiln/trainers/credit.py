@@ -9,8 +9,11 @@ last turn of an episode that ran out of turns; with `kl_in_reward`, every reply 
 - grpo / dr_grpo / rloo: one advantage per episode (its summed reward against its group), on every
   reply token of the episode;
 - gigpo: one advantage per turn (episode-level group advantage + step_weight x the turn's
-  discounted return against the turns of the same group from the same anchor state);
+  discounted return against the turns of the same group from the same anchor state), each divided
+  by its group's std or not (`gigpo_mode` mean_std_norm / mean_norm);
 - reinforce_pp: per token, the return-to-go over the episode's reply tokens (gamma = 1 per token),
+  whitened over the batch;
+- reinforce_pp_baseline: the episode's score minus its group's mean score on every reply token,
   whitened over the batch;
 - ppo: per turn, GAE over the episode's turns with the critic's values (read where the turn's reply
   starts), whitened over the batch; returns (advantages + values) are the critic's targets.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from agentkiln.algos import advantages as A
-from agentkiln.config import RLParams
+from agentkiln.config import ALGORITHMS, RLParams
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers.batch import Batch
 
@@ -69,9 +72,10 @@ def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: tor
         tok_adv = adv_ep[ep_of][tok_turn]
     elif p.algorithm == "gigpo":
         anchors = [episodes[e].turns[k].anchor for e, k in batch.turns]
-        adv_turn = A.gigpo(ep_r, groups, turn_r, ep_of, anchors, gamma=p.gamma, step_weight=p.step_weight)
+        adv_turn = A.gigpo(ep_r, groups, turn_r, ep_of, anchors, gamma=p.gamma, step_weight=p.step_weight,
+                           norm_by_std=p.gigpo_mode == "mean_std_norm")
         tok_adv = adv_turn[tok_turn]
-    elif p.algorithm == "reinforce_pp":
+    elif p.algorithm in ("reinforce_pp", "reinforce_pp_baseline"):
         tok_r = torch.zeros(len(tok_turn))
         last = torch.ones(len(tok_turn), dtype=torch.bool)
         last[:-1] = tok_turn[1:] != tok_turn[:-1]  # a turn's last reply token carries its reward
@@ -79,7 +83,8 @@ def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: tor
         if token_kl is not None:
             tok_r = tok_r - p.kl_coef * token_kl
         r, m = _by_episode(tok_r, ep_of[tok_turn], n_eps)
-        tok_adv = A.reinforce_pp(r, m, gamma=1.0)[m.bool()]
+        baseline = groups if p.algorithm == "reinforce_pp_baseline" else None
+        tok_adv = A.reinforce_pp(r, m, gamma=1.0, baseline_group_ids=baseline)[m.bool()]
     elif p.algorithm == "ppo":
         if values is None:
             raise ValueError("ppo needs the critic's value of every turn")
@@ -95,7 +100,7 @@ def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: tor
         tok_adv = adv[ep_of, step][tok_turn]
         returns = ret[ep_of, step]
     else:
-        raise ValueError(f"rl algorithm {p.algorithm!r}: expected one of grpo, dr_grpo, rloo, reinforce_pp, gigpo, ppo")
+        raise ValueError(f"rl algorithm {p.algorithm!r}: expected one of {', '.join(ALGORITHMS)}")
     out = torch.zeros(batch.loss_mask.shape)
     out[batch.loss_mask] = tok_adv.float()
     return out, returns

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from agentkiln.algos.losses import aggregate, gspo, kl_penalty, ppo_clip
+from agentkiln.algos.losses import aggregate, entropy_bonus, gspo, kl_penalty, ppo_clip
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy.model import Policy
@@ -128,7 +128,8 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
            critic_opt: torch.optim.Optimizer | None, gen: torch.Generator, values: torch.Tensor | None = None,
            returns: torch.Tensor | None = None) -> dict:
     """PPO epochs over shuffled minibatches of rows; gradients of micro-batches accumulate to exactly
-    the minibatch's loss (each micro loss is weighted by its share of the aggregation's denominator)."""
+    the minibatch's loss (each micro loss is weighted by its share of the aggregation's denominator;
+    seq-mean-token-sum-norm's length is the constant `loss_agg_norm_len`, not the minibatch's)."""
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
     token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"  # share of tokens, else of sequences
@@ -139,12 +140,11 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
             mb = batch.select(order[i : i + p.minibatch_size])
             seq = mb.seq_ids()
             n_tok, n_seq = mb.n_tokens, _seq_count(seq)
-            norm_len = float(torch.unique(seq, return_counts=True)[1].max())
             opt.zero_grad(set_to_none=True)
             for k in range(0, mb.rows, micro_size):
                 micro = mb.select(list(range(k, min(k + micro_size, mb.rows))))
                 share = micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq
-                for key, v in _micro_loss(policy, micro, p, share, norm_len).items():
+                for key, v in _micro_loss(policy, micro, p, share).items():
                     stats[key].append(v)
             stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.max_grad_norm)))
             opt.step()
@@ -163,10 +163,14 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
 
 
-def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, norm_len: float) -> dict:
-    """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats."""
+def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float) -> dict:
+    """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats.
+
+    loss = policy loss + kl_coef * agg(KL to the reference) (unless folded into the rewards)
+           - entropy_coef * agg(token entropy), every term reduced by `loss_agg`."""
     logp, entropy = token_logprobs(policy.model, micro, p.temperature)
     old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
+    norm_len = float(p.loss_agg_norm_len)
     if p.policy_loss == "gspo":
         pg, info = gspo(logp, old, adv, seq, p.clip_low, p.clip_high)
     else:
@@ -178,9 +182,9 @@ def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, norm_le
         stats["kl"] = float(kl.detach())
         if p.kl_coef > 0 and not p.kl_in_reward:
             loss = loss + p.kl_coef * kl
-    ent = aggregate(entropy, p.loss_agg, seq, norm_len)
+    ent = aggregate(entropy.detach(), p.loss_agg, seq, norm_len)
     if p.entropy_coef > 0:
-        loss = loss - p.entropy_coef * ent
+        loss = loss + entropy_bonus(entropy, p.entropy_coef, p.loss_agg, seq, norm_len)
     (loss * share).backward()
     return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
 
