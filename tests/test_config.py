@@ -149,3 +149,26 @@ def test_a_duplicate_key_names_both_lines(tmp_path):
         load_params(path)
     assert str(e.value) == (f"{path}: line {first + 1}: duplicate key sft.epochs (first at line {first}); "
                             "YAML would silently keep the last one: remove one of them")
+
+
+def test_params_yaml_writes_every_setting():
+    """Every setting is written in params.yaml, none left to a code default: each section (a model,
+    not the per-entry overrides of rl.stages or the task types) lists every field of its model."""
+    from pydantic import BaseModel
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
+    missing: list[str] = []
+
+    def walk(model: BaseModel, written: dict, where: str) -> None:
+        for name in type(model).model_fields:
+            if name not in written:
+                missing.append(f"{where}{name}")
+                continue
+            value = getattr(model, name)
+            if isinstance(value, BaseModel) and isinstance(written[name], dict):
+                walk(value, written[name], f"{where}{name}.")
+
+    walk(params, raw, "")
+    per_stage = {"rl.defaults.init"}  # every rl.stages entry must name its own init (validated)
+    assert not set(missing) - per_stage, f"params.yaml leaves these to code defaults: {missing}"
