@@ -71,9 +71,12 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
 
     def _load(self):
         if self._model is None:
-            import torch
+            import torch  # torch-heavy imports only where a model is loaded (the registry CLI stays light)
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
+            from agentkiln.policy.model import saved_meta
+
+            saved_meta(Path(self.policy_dir))  # the manifest's checks: every file present, hashes match
             self._tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
             self._model = AutoModelForCausalLM.from_pretrained(self.policy_dir, dtype=torch.float32).eval()
         return self._model, self._tokenizer
