@@ -15,7 +15,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from agentkiln import tracking
+from agentkiln import lifecycle, tracking
 from agentkiln.config import Params, load_params
 from flows._stage import run_flow
 from flows.promote import promote_flow
@@ -29,7 +29,12 @@ def dvc_repro(extra: list[str]) -> None:
     # set) instead of each starting a temporary server of its own (~12 s each).
     with get_client(sync_client=True) as client:
         env["PREFECT_API_URL"] = str(client.api_url)
-    subprocess.run([sys.executable, "-m", "dvc", "repro", *extra], check=True, env=env)
+    # DVC and its stage in a process group of their own, dying with this process: on SIGTERM or
+    # Ctrl-C here the group gets SIGTERM and this flow waits until it is gone (then SIGKILL)
+    cmd = ["dvc", "repro", *extra]
+    rc = lifecycle.run_group(lifecycle.child_argv(cmd[0], cmd[1:]), env=env, stdin=subprocess.DEVNULL)
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, [sys.executable, "-m", *cmd])
 
 
 @flow(name="agentkiln-pipeline", log_prints=True)
