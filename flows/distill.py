@@ -11,7 +11,8 @@ from tasks.stages import distill_task
 @flow(name="distill", log_prints=True)
 def distill_flow(params: Params) -> dict:
     with stage_context("distill", params, params.distill.model_dump()):
-        metrics = distill_task(params, paths.TASKS, paths.model_dirs(params)["rl"], paths.DISTILLED_MODEL, log=tracking.log_metrics)
+        metrics = distill_task(params, paths.TASKS, paths.model_dirs(params)["rl"], paths.DISTILLED_MODEL,
+                               log=tracking.log_metrics, ckpt_dir=paths.CHECKPOINTS / "distill")
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "distill_metrics.json", metrics)
     return metrics

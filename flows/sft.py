@@ -11,7 +11,8 @@ from tasks.stages import sft_task
 @flow(name="sft", log_prints=True)
 def sft_flow(params: Params) -> dict:
     with stage_context("sft", params, params.sft.model_dump()):
-        metrics = sft_task(params, paths.TASKS, paths.SFT_MODEL, log=tracking.log_metrics)
+        metrics = sft_task(params, paths.TASKS, paths.SFT_MODEL, log=tracking.log_metrics,
+                           ckpt_dir=paths.CHECKPOINTS / "sft")
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "sft_metrics.json", metrics)
     return metrics

@@ -6,6 +6,11 @@
 - `forward-kl`: KL(teacher || student) at every reply token of the teacher's episodes.
 - `on-policy`: optional trajectory warm start, then rounds of student sampling scored by the teacher,
   KL(student || teacher) on the student's own tokens (GKD).
+
+A killed stage resumes (models/checkpoints/distill) when run again with the same params, seed,
+thread count, data, teacher and student: the seeded teacher rollouts are played again (the same
+episodes), then training continues after its last finished epoch or round. The checkpoint is
+removed once the stage finishes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.stages.common import load_split
 from agentkiln.stages.sft import optim_config, render_all
+from agentkiln.trainers import checkpoint
 from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy
 from agentkiln.trainers.supervised import train_supervised
 
@@ -46,8 +52,18 @@ def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, s
     return run_episodes(agent, pool, tasks_dir, p.max_turns, group_size=p.samples_per_task, progress="teacher rollouts")
 
 
-def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Path, log=None) -> dict:
+def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Path, log=None,
+                ckpt_dir: Path | None = None) -> dict:
     p = params.distill
+    key = ""
+    if ckpt_dir:
+        key = checkpoint.fingerprint("distill", p.model_dump(), params.seed, params.torch_threads,
+                                     files=[tasks_dir, teacher_dir] + ([] if p.student.source == "scratch"
+                                                                       else [Path(p.student.source)]))
+
+    def slot(phase: str) -> dict:  # each training phase checkpoints apart (a finished phase is skipped)
+        return {"ckpt_dir": Path(ckpt_dir) / phase, "ckpt_key": f"{key}:{phase}"} if ckpt_dir else {}
+
     teacher = load_policy(teacher_dir)
     student = build_student(p, teacher, params.seed)
     if p.mode != "trajectory":
@@ -66,7 +82,7 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
         demos = won if same else render_all(student, won, p.max_reply_tokens)  # rejection sampling
         cfg = replace(optim_config(p), epochs=sft_epochs)
         desc = "distill" if p.mode == "trajectory" else "distill-warmup"
-        history = train_supervised(student, demos, cfg, seed=params.seed, log=log, desc=desc)
+        history = train_supervised(student, demos, cfg, seed=params.seed, log=log, desc=desc, **slot(desc))
         prefix = "" if p.mode == "trajectory" else "warmup_"
         report |= {f"{prefix}n_episodes": len(demos), f"{prefix}final_loss": history[-1]["loss"],
                    "teacher_ids": same}
@@ -74,14 +90,16 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
     if p.mode == "forward-kl":
         kept = won if p.only_successful else episodes
         history = train_forward_kl(student, teacher, kept, optim_config(p), KDConfig(p.kd_temperature, p.kd_support),
-                                   seed=params.seed, log=log)
+                                   seed=params.seed, log=log, **slot("forward-kl"))
         report |= {"kept_episodes": len(kept), "n_tokens": history[-1]["tokens"],
                    "final_loss": history[-1]["loss"], "final_teacher_logprob": history[-1]["teacher_logprob"]}
 
     if p.mode == "on-policy":
-        rounds = train_on_policy(student, teacher, pool, tasks_dir, p, seed=params.seed, log=log)
+        rounds = train_on_policy(student, teacher, pool, tasks_dir, p, seed=params.seed, log=log, **slot("on-policy"))
         report |= {"student_episodes": sum(r["episodes"] for r in rounds), "n_tokens": sum(r["tokens"] for r in rounds),
                    "final_loss": rounds[-1]["loss"], "final_success": rounds[-1]["success"], "rounds": rounds}
 
     save_policy(student, out_dir)
+    if ckpt_dir:
+        checkpoint.clear(ckpt_dir)
     return report

@@ -1,5 +1,9 @@
 """SFT cold start: a policy (scratch: tokenizer trained on the task text + random weights; or a local
-chat model), trained on the expert's whole episodes, loss on the agent's reply tokens only."""
+chat model), trained on the expert's whole episodes, loss on the agent's reply tokens only.
+
+A killed stage resumes after its last finished epoch (models/checkpoints/sft) when run again with the
+same params, seed, thread count, data and starting model; the checkpoint is removed once it finishes.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import render
 from agentkiln.schemas import load_expert_trajectories
 from agentkiln.stages.common import expert_episodes
+from agentkiln.trainers import checkpoint
 from agentkiln.trainers.supervised import OptimConfig, train_supervised
 
 
@@ -39,7 +44,7 @@ def render_all(policy: Policy, episodes: list[Episode], reply_tokens: int | None
     return out
 
 
-def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None) -> dict:
+def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: Path | None = None) -> dict:
     df = load_expert_trajectories(Path(tasks_dir) / "expert_trajectories.parquet")
     fmt = AgentFormat(**params.sft.agent.model_dump())
     demos = expert_episodes(df[df["split"] == "sft"])
@@ -50,8 +55,15 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None) -> dict:
     else:
         policy = load_policy(model.source, fmt, context=model.max_context, probe=corpus(fmt, demos[:8]))
     episodes = render_all(policy, demos)
-    history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log, desc="sft")
+    key = ""
+    if ckpt_dir:
+        key = checkpoint.fingerprint("sft", params.sft.model_dump(), params.seed, params.torch_threads,
+                                     files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)]))
+    history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log, desc="sft",
+                               ckpt_dir=ckpt_dir, ckpt_key=key)
     save_policy(policy, out_dir)
+    if ckpt_dir:
+        checkpoint.clear(ckpt_dir)
     return {
         "n_params": policy.n_params(),
         "vocab_size": len(policy.tokenizer),

@@ -18,6 +18,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -28,8 +29,9 @@ from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
+from agentkiln.trainers import checkpoint
 from agentkiln.trainers.batch import Batch, allowed_mask, build_batch, hidden_at
-from agentkiln.trainers.supervised import OptimConfig, length_grouped, warmup_cosine
+from agentkiln.trainers.supervised import OptimConfig, length_grouped, resume, warmup_cosine
 
 TEACHER_CACHE_BYTES = 1 << 30  # forward-kl caches the teacher's reply logits below this size, else rescores
 
@@ -161,10 +163,12 @@ def _kd_batch(episodes: list[Episode], pad_id: int, kd: KDConfig) -> Batch:
 
 # --------------------------------------------------------------------------- forward KL (off-policy)
 def train_forward_kl(student: Policy, teacher: Policy, episodes: list[Episode], cfg: OptimConfig, kd: KDConfig,
-                     seed: int, log: Callable[[dict, int], None] | None = None, desc: str = "distill") -> list[dict]:
+                     seed: int, log: Callable[[dict, int], None] | None = None, desc: str = "distill",
+                     ckpt_dir: Path | None = None, ckpt_key: str = "") -> list[dict]:
     """Train `student` in place to minimise KL(teacher || student) on the teacher's `episodes` (their
     exact ids). Returns per-epoch metrics. The teacher's logits are computed once (cached; rescored per
-    minibatch when the cache would exceed TEACHER_CACHE_BYTES)."""
+    minibatch when the cache would exceed TEACHER_CACHE_BYTES). With `ckpt_dir`, resumes from a
+    checkpoint of the same run (`ckpt_key`) and writes one per epoch."""
     vocab = shared_vocab(teacher, student, "forward-kl")
     batch = _kd_batch(episodes, teacher.pad_id, kd)
     if not batch.rows:
@@ -185,24 +189,34 @@ def train_forward_kl(student: Policy, teacher: Policy, episodes: list[Episode], 
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(student.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * math.ceil(batch.rows / cfg.batch_size))
-    history = []
-    for epoch in range(cfg.epochs):
+    history, start = [], 0
+    state = checkpoint.load(ckpt_dir, ckpt_key, gen=gen) if ckpt_dir else None
+    if state is not None:
+        start, history = resume(state, student.model, opt, sched, ckpt_dir, desc, "epoch", log)
+    for epoch in range(start, cfg.epochs):
         stats = _kd_pass(student, batch, scores, forward_kl_loss, kd, opt, sched, gen, cfg.batch_size,
                          cfg.max_grad_norm, vocab, f"{desc} forward-kl epoch {epoch + 1}/{cfg.epochs}")
         row = {"epoch": epoch + 1, **stats, "lr": sched.get_last_lr()[0]}
         history.append(row)
         if log:
             log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, epoch + 1)
+        if ckpt_dir:
+            checkpoint.save(ckpt_dir, ckpt_key, {"model": student.model.state_dict(), "opt": opt.state_dict(),
+                                                 "sched": sched.state_dict(), "done": epoch + 1, "history": history},
+                            gen=gen)
+    student.model.eval()
     return history
 
 
 # --------------------------------------------------------------------------- reverse KL (on-policy, GKD)
 def train_on_policy(student: Policy, teacher: Policy, pool: list[TaskSpec], tasks_dir, p: DistillParams, seed: int,
-                    log: Callable[[dict, int], None] | None = None, desc: str = "distill") -> list[dict]:
+                    log: Callable[[dict, int], None] | None = None, desc: str = "distill",
+                    ckpt_dir: Path | None = None, ckpt_key: str = "") -> list[dict]:
     """`p.iterations` rounds: the student plays `p.samples_per_task` episodes of each of `p.tasks_per_iter`
     tasks at `p.temperature`; the teacher scores every generated token in the same context ids;
     one pass of KL(student || teacher) over the round's episodes (constant lr `p.onpolicy_lr or p.lr`).
-    Returns per-round metrics (the student's sampled success included)."""
+    Returns per-round metrics (the student's sampled success included). With `ckpt_dir`, resumes
+    from a checkpoint of the same run (`ckpt_key`) and writes one per round."""
     vocab = shared_vocab(teacher, student, "on-policy")
     teacher.model.eval().requires_grad_(False)
     kd = KDConfig(p.kd_temperature, p.kd_support)
@@ -214,8 +228,11 @@ def train_on_policy(student: Policy, teacher: Policy, pool: list[TaskSpec], task
     def scores(rows, mb):
         return reply_logits(teacher.model, mb, vocab)
 
-    history = []
-    for it in tqdm(range(p.iterations), desc=f"{desc} on-policy rounds"):
+    history, start = [], 0
+    state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None
+    if state is not None:
+        start, history = resume(state, student.model, opt, None, ckpt_dir, f"{desc}/onpolicy", "round", log)
+    for it in tqdm(range(start, p.iterations), desc=f"{desc} on-policy rounds", initial=start, total=p.iterations):
         tasks = rng.sample(pool, min(p.tasks_per_iter, len(pool)))
         agent = PolicyAgent(student, temperature=p.temperature, seed=seed * 100_003 + it * 101 + 1,
                             decoding=p.decoding, max_reply_tokens=p.max_reply_tokens)
@@ -229,4 +246,7 @@ def train_on_policy(student: Policy, teacher: Policy, pool: list[TaskSpec], task
         history.append(row)
         if log:
             log({f"{desc}/onpolicy/{k}": v for k, v in row.items() if k != "round"}, it + 1)
+        if ckpt_dir:
+            checkpoint.save(ckpt_dir, ckpt_key, {"model": student.model.state_dict(), "opt": opt.state_dict(),
+                                                 "done": it + 1, "history": history}, rng, gen)
     return history

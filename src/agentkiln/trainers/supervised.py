@@ -3,6 +3,11 @@
 One row per episode window (trainers.batch): the loss is the mean negative log-likelihood of the
 reply tokens (each action and its end-of-turn token); system, goal and observation tokens are
 context, never targets. Minibatches group episodes of similar length (less padding), in a seeded order.
+
+With a checkpoint directory, every epoch ends with a resumable checkpoint (weights, optimizer and
+schedule, the minibatch order's generator, the process RNGs, the history): a run killed mid-way and
+started again with the same inputs continues after its last finished epoch and ends with the very
+weights an uninterrupted run ends with.
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.episode import Episode
+from agentkiln.trainers import checkpoint
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 
 
@@ -64,8 +71,11 @@ def train_supervised(
     seed: int,
     log: Callable[[dict, int], None] | None = None,
     desc: str = "sft",
+    ckpt_dir: Path | None = None,
+    ckpt_key: str = "",
 ) -> list[dict]:
-    """Train in place on `episodes` (with ids: rollout.sequence.render); per-epoch metrics."""
+    """Train in place on `episodes` (with ids: rollout.sequence.render); per-epoch metrics. With
+    `ckpt_dir`, resumes from a checkpoint of the same run (`ckpt_key`) and writes one per epoch."""
     batch = sft_batch(policy, episodes)
     if not batch.rows:
         raise ValueError(f"{desc}: no training episodes")
@@ -75,8 +85,11 @@ def train_supervised(
     steps_per_epoch = math.ceil(batch.rows / cfg.batch_size)
     sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * steps_per_epoch)
     lengths = batch.attention_mask.sum(1).tolist()
-    history = []
-    for epoch in range(cfg.epochs):
+    history, start = [], 0
+    state = checkpoint.load(ckpt_dir, ckpt_key, gen=gen) if ckpt_dir else None
+    if state is not None:
+        start, history = resume(state, model, opt, sched, ckpt_dir, desc, "epoch", log)
+    for epoch in range(start, cfg.epochs):
         model.train()
         tot_loss, tot_tok, correct = 0.0, 0, 0
         bar = tqdm(length_grouped(lengths, cfg.batch_size, gen), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
@@ -98,5 +111,25 @@ def train_supervised(
         history.append(row)
         if log:
             log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, epoch + 1)
+        if ckpt_dir:
+            checkpoint.save(ckpt_dir, ckpt_key, {"model": model.state_dict(), "opt": opt.state_dict(),
+                                                 "sched": sched.state_dict(), "done": epoch + 1, "history": history},
+                            gen=gen)
     model.eval()
     return history
+
+
+def resume(state: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, ckpt_dir: Path, desc: str,
+           unit: str, log: Callable[[dict, int], None] | None) -> tuple[int, list[dict]]:
+    """Load a checkpoint's model / optimizer / schedule state; (units done, history so far). The new
+    tracking run gets the history logged again, as RL does on resume."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    if sched is not None:
+        sched.load_state_dict(state["sched"])
+    done, history = state["done"], state["history"]
+    print(f"{desc}: resumed from {ckpt_dir} after {unit} {done}")
+    if log:
+        for row in history:
+            log({f"{desc}/{k}": v for k, v in row.items() if k not in ("epoch", "round")}, row.get(unit, 0))
+    return done, history
