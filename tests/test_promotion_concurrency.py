@@ -34,8 +34,9 @@ def _use_store(uri: str) -> None:
     mlflow.set_registry_uri(uri)
 
 
-def _log_model(uri: str, policy_dir: str, q) -> None:
-    """The model every version is registered from (logged once: racing registration needs no model logging)."""
+def _log_model(uri: str, policy_dir: str, q, uris) -> None:
+    """The model every version is registered from (logged once: racing registration needs no model
+    logging); its URI goes to each promoter through `uris`."""
     try:
         _use_store(uri)
         import warnings
@@ -48,18 +49,26 @@ def _log_model(uri: str, policy_dir: str, q) -> None:
             warnings.simplefilter("ignore")
             info = mlflow.pyfunc.log_model(name="policy", python_model=PolicyModel(), artifacts={"policy": policy_dir},
                                            pip_requirements=["pandas"], signature=signature())
+        for _ in range(2):
+            uris.put(info.model_uri)
         q.put(("ok", info.model_uri))
     except BaseException:
+        for _ in range(2):
+            uris.put(None)
         q.put(("error", traceback.format_exc()))
 
 
-def _promoter(w: int, uri: str, model_uri: str, barrier, q) -> None:
+def _promoter(w: int, uri: str, uris, barrier, q) -> None:
     results = []
     try:
         _use_store(uri)
         from agentkiln.config import EvaluateParams, PromoteParams
         from agentkiln.registry.model_registry import register_version
         from agentkiln.stages.promote import challenge
+
+        model_uri = uris.get(timeout=240)  # imports done while the model was being logged
+        if model_uri is None:
+            raise RuntimeError("the model could not be logged")
 
         p, ev = PromoteParams(model_name=NAME), EvaluateParams()
         for r in range(ROUNDS):
@@ -80,24 +89,22 @@ def test_two_processes_promoting_at_once_lose_no_champion(tmp_path):
     policy.mkdir()
     (policy / "config.json").write_text("{}")
     ctx = mp.get_context("spawn")  # no fork of a process holding torch / MLflow threads
-    q = ctx.Queue()
+    q, uris = ctx.Queue(), ctx.Queue()
     cwd = os.getcwd()
     os.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) for a user-set tracking URI
     try:
-        setup = ctx.Process(target=_log_model, args=(uri, str(policy), q))
-        setup.start()
-        status, model_uri = q.get(timeout=240)
-        setup.join()
-        assert status == "ok", model_uri
+        setup = ctx.Process(target=_log_model, args=(uri, str(policy), q, uris))
         barrier = ctx.Barrier(2)
-        workers = [ctx.Process(target=_promoter, args=(w, uri, model_uri, barrier, q)) for w in range(2)]
-        for p in workers:
+        workers = [ctx.Process(target=_promoter, args=(w, uri, uris, barrier, q)) for w in range(2)]
+        for p in (setup, *workers):
             p.start()
-        replies = [q.get(timeout=240) for _ in workers]
-        for p in workers:
+        replies = [q.get(timeout=240) for _ in range(3)]
+        for p in (setup, *workers):
             p.join(timeout=60)
     finally:
         os.chdir(cwd)
+    assert all(r[0] == "ok" for r in replies if len(r) == 2), replies  # the model was logged
+    replies = [r for r in replies if len(r) == 3]
     errors = [r for r in replies if r[0] != "ok"]
     assert not errors, "\n".join(r[2] for r in errors)  # no crash (UNIQUE constraint, lost update, ...)
     assert [p.exitcode for p in workers] == [0, 0]
