@@ -5,7 +5,7 @@ from prefect import flow
 from agentkiln import paths, tracking
 from agentkiln.config import Params
 from flows._stage import run_flow, stage_context, write_json
-from tasks.stages import distill_task
+from tasks.distill import distill_task
 
 
 @flow(name="distill", log_prints=True)

@@ -8,7 +8,7 @@ from prefect.artifacts import create_markdown_artifact
 from agentkiln import paths, tracking
 from agentkiln.config import Params
 from flows._stage import run_flow, stage_context
-from tasks.stages import evaluate_task
+from tasks.evaluate import evaluate_task
 
 
 REPORT_FILES = ("eval.md", "eval.html", "metrics.json", "outcomes.json", "comparisons.json", "success.png",

@@ -9,7 +9,7 @@ from agentkiln import paths, tracking
 from agentkiln.config import Params
 from agentkiln.stages.rl import stage_dirs
 from flows._stage import run_flow, stage_context, write_json
-from tasks.stages import rl_task
+from tasks.rl import rl_task
 
 
 @flow(name="rl", log_prints=True)

@@ -6,7 +6,7 @@ from prefect import flow
 from agentkiln import paths, tracking
 from agentkiln.config import Params
 from flows._stage import run_flow, stage_context
-from tasks.stages import checkpoint_task, synthesize_task
+from tasks.synthesize import checkpoint_task, synthesize_task
 
 
 @flow(name="synthesize", log_prints=True)

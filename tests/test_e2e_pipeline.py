@@ -142,6 +142,30 @@ def test_second_repro_runs_nothing_and_evaluate_param_reruns_only_evaluate(repo)
         assert f"Running stage '{stage}" not in out
 
 
+def test_editing_code_marks_exactly_the_stages_that_run_it_stale(repo):
+    """`dvc status` after a one-line edit of a module: stale are the stages whose deps cover it."""
+    dst, env, _ = repo
+    dvc = yaml.safe_load((dst / "dvc.yaml").read_text())["stages"]
+
+    def runs(stage: str, path: str) -> bool:
+        deps = dvc[stage].get("do", dvc[stage])["deps"]
+        return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
+
+    for path in ("src/agentkiln/trainers/distill.py", "src/agentkiln/sandbox.py", "src/agentkiln/policy/model.py",
+                 "src/agentkiln/synthesis/sql.py"):
+        original = (dst / path).read_bytes()
+        (dst / path).write_bytes(original + b"\n# an edit\n")
+        try:
+            out = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=dst, env=env,
+                                 capture_output=True, text=True, check=True).stdout
+        finally:
+            (dst / path).write_bytes(original)
+        stale = {name.split("@")[0] for name, changes in json.loads(out).items()
+                 if any(isinstance(c, dict) and path in c.get("changed deps", {}) for c in changes)}
+        assert stale == {s for s in dvc if runs(s, path)}, path
+        assert stale, path
+
+
 def test_rerun_from_scratch_gives_identical_metrics(repo):
     dst, env, first = repo
     params = yaml.safe_load((dst / "params.yaml").read_text())
