@@ -34,31 +34,24 @@ def _use_store(uri: str) -> None:
     mlflow.set_registry_uri(uri)
 
 
-def _log_model(uri: str, policy_dir: str, q, uris) -> None:
-    """The model every version is registered from (logged once: racing registration needs no model
-    logging); its URI goes to each promoter through `uris`."""
-    try:
-        _use_store(uri)
-        import warnings
+def _log_model(policy_dir: str) -> str:
+    """The model every version is registered from (logged once: racing registration needs no model logging)."""
+    import warnings
 
-        import mlflow
+    import mlflow
 
-        from agentkiln.registry.model_registry import PolicyModel, signature
+    from agentkiln.registry.model_registry import PolicyModel, signature
 
-        with mlflow.start_run(run_name="race"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            info = mlflow.pyfunc.log_model(name="policy", python_model=PolicyModel(), artifacts={"policy": policy_dir},
-                                           pip_requirements=["pandas"], signature=signature())
-        for _ in range(2):
-            uris.put(info.model_uri)
-        q.put(("ok", info.model_uri))
-    except BaseException:
-        for _ in range(2):
-            uris.put(None)
-        q.put(("error", traceback.format_exc()))
+    with mlflow.start_run(run_name="race"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        info = mlflow.pyfunc.log_model(name="policy", python_model=PolicyModel(), artifacts={"policy": policy_dir},
+                                       pip_requirements=["pandas"], signature=signature())
+    return info.model_uri
 
 
-def _promoter(w: int, uri: str, uris, barrier, q) -> None:
+def _promoter(w: int, uri: str, policy_dir: str, uris, barrier, q) -> None:
+    """Promoter 0 logs the model and hands its URI to promoter 1 (which imports meanwhile); then
+    both race through the rounds."""
     results = []
     try:
         _use_store(uri)
@@ -66,10 +59,16 @@ def _promoter(w: int, uri: str, uris, barrier, q) -> None:
         from agentkiln.registry.model_registry import register_version
         from agentkiln.stages.promote import challenge
 
-        model_uri = uris.get(timeout=240)  # imports done while the model was being logged
-        if model_uri is None:
-            raise RuntimeError("the model could not be logged")
-
+        if w == 0:
+            model_uri = None
+            try:
+                model_uri = _log_model(policy_dir)
+            finally:
+                uris.put(model_uri)
+        else:
+            model_uri = uris.get(timeout=240)
+            if model_uri is None:
+                raise RuntimeError("promoter 0 could not log the model")
         p, ev = PromoteParams(model_name=NAME), EvaluateParams()
         for r in range(ROUNDS):
             i = 2 * r + w
@@ -80,6 +79,7 @@ def _promoter(w: int, uri: str, uris, barrier, q) -> None:
             results.append((i, version, res["promoted"], res.get("champion_version")))
         q.put(("ok", w, results))
     except BaseException:
+        barrier.abort()  # the other promoter stops waiting for this one
         q.put(("error", w, traceback.format_exc()))
 
 
@@ -93,18 +93,15 @@ def test_two_processes_promoting_at_once_lose_no_champion(tmp_path):
     cwd = os.getcwd()
     os.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) for a user-set tracking URI
     try:
-        setup = ctx.Process(target=_log_model, args=(uri, str(policy), q, uris))
         barrier = ctx.Barrier(2)
-        workers = [ctx.Process(target=_promoter, args=(w, uri, uris, barrier, q)) for w in range(2)]
-        for p in (setup, *workers):
+        workers = [ctx.Process(target=_promoter, args=(w, uri, str(policy), uris, barrier, q)) for w in range(2)]
+        for p in workers:
             p.start()
-        replies = [q.get(timeout=240) for _ in range(3)]
-        for p in (setup, *workers):
+        replies = [q.get(timeout=240) for _ in workers]
+        for p in workers:
             p.join(timeout=60)
     finally:
         os.chdir(cwd)
-    assert all(r[0] == "ok" for r in replies if len(r) == 2), replies  # the model was logged
-    replies = [r for r in replies if len(r) == 3]
     errors = [r for r in replies if r[0] != "ok"]
     assert not errors, "\n".join(r[2] for r in errors)  # no crash (UNIQUE constraint, lost update, ...)
     assert [p.exitcode for p in workers] == [0, 0]

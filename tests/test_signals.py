@@ -180,7 +180,7 @@ def test_sigterm_to_the_pipelines_process_group_stops_everything_within_seconds(
     before = _tmp_files(env)
     run = Run([sys.executable, "-m", "flows.pipeline"], dst, env, tmp_path / "pipeline.log")
     run.watch_until(_stage_at_work("synthesize"), timeout=240)
-    time.sleep(1.0)  # well inside the stage's work (TextWorld games, sandboxed tool tasks in pool workers)
+    time.sleep(0.5)  # well inside the stage's work (TextWorld games, sandboxed tool tasks in pool workers)
     run.seen |= _descendants(run.proc.pid)
     assert run.processes("uvicorn") and run.processes("dvc")  # Prefect's temporary server, DVC, the stage
     os.killpg(run.proc.pid, signal.SIGTERM)
@@ -201,7 +201,7 @@ def test_a_stage_killed_alone_leaves_no_prefect_server_or_worker_behind(repo, tm
     run = Run([sys.executable, "-m", "flows.synthesize"], dst, env, tmp_path / "synthesize.log")
     run.watch_until(lambda r: bool(r.processes("uvicorn")) and bool(r.processes("spawn_main"))
                     and "for flow 'synthesize'" in r.output(), timeout=240)
-    time.sleep(1.0)
+    time.sleep(0.5)
     run.seen |= _descendants(run.proc.pid)
     server, workers = run.processes("uvicorn"), run.processes("multiprocessing")
     assert server and workers  # Prefect's temporary server; the pool building tasks
