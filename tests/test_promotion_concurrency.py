@@ -27,7 +27,10 @@ def outcomes(i: int) -> str:
 
 def _use_store(uri: str) -> None:
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    os.environ.pop("MLFLOW_REGISTRY_URI", None)
+    # an earlier test's mlflow.set_experiment leaves MLFLOW_EXPERIMENT_ID in the environment a spawned
+    # process inherits: here it would name an experiment of another store
+    for var in ("MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        os.environ.pop(var, None)
     import mlflow
 
     mlflow.set_tracking_uri(uri)

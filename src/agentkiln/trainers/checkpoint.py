@@ -12,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+PAUSE_ENV = "AGENTKILN_PAUSE_AFTER_CHECKPOINT"  # seconds to wait after each checkpoint (tests only)
 STATE_FILE = "state.pt"
 
 
@@ -53,6 +56,10 @@ def save(ckpt_dir: Path, key: str, state: dict, rng: random.Random | None = None
     torch.save(full, tmp / STATE_FILE)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     tmp.rename(ckpt_dir)
+    pause = os.environ.get(PAUSE_ENV)
+    if pause:  # the resume tests SIGKILL the stage in this window, for real, at a known point
+        print(f"checkpoint written to {ckpt_dir}; pausing {pause} s ({PAUSE_ENV})", flush=True)
+        time.sleep(float(pause))
 
 
 def load(ckpt_dir: Path, key: str, rng: random.Random | None = None, gen: torch.Generator | None = None) -> dict | None:

@@ -16,7 +16,6 @@ One iteration, top to bottom:
 
 from __future__ import annotations
 
-import os
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -36,14 +35,6 @@ from agentkiln.trainers import checkpoint
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.critic import Critic, value_loss
-
-FAULT_ENV = "AGENTKILN_KILL_AFTER_ITERATION"
-
-
-class InjectedFault(RuntimeError):
-    """Raised where FAULT_ENV says, like a crash: a failure that unwinds (a SIGKILL would leave
-    Prefect's temporary API server of the stage process running)."""
-
 
 def rollout_agent(policy: Policy, p: RLParams, seed: int) -> PolicyAgent:
     return PolicyAgent(policy, temperature=p.temperature, seed=seed, batch_size=p.rollout_batch,
@@ -277,6 +268,4 @@ def train_rl(
                 "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
                 "history": history, "critic": critic.state_dict() if critic else None,
                 "critic_opt": critic_opt.state_dict() if critic_opt else None}, rng, gen)
-        if os.environ.get(FAULT_ENV) == str(it + 1):  # fault injection: the resume test stops the stage here
-            raise InjectedFault(f"{FAULT_ENV}={it + 1}: stopped after the checkpoint of iteration {it + 1}")
     return history
