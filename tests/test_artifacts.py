@@ -152,3 +152,15 @@ def test_the_registry_serving_wrapper_checks_the_manifest_too(saved, tmp_path):
     fresh.load_context(SimpleNamespace(artifacts={"policy": str(d)}))
     with pytest.raises(ArtifactError, match=rf"{E(d / 'model.safetensors')}: content changed since it was saved"):
         fresh.predict(None, ["go north"])
+
+
+def test_a_damaged_training_checkpoint_is_refused_naming_it(tmp_path):
+    from agentkiln.trainers import checkpoint
+
+    ckpt = tmp_path / "models" / "checkpoints" / "sft"
+    checkpoint.save(ckpt, "run-key", {"done": 1})
+    assert checkpoint.load(ckpt, "run-key")["done"] == 1
+    assert checkpoint.load(ckpt, "another-run") is None  # another run's checkpoint is not resumed
+    (ckpt / checkpoint.STATE_FILE).write_bytes(b"garbage")
+    with pytest.raises(ArtifactError, match=rf"{E(ckpt / checkpoint.STATE_FILE)}: unreadable checkpoint.*delete"):
+        checkpoint.load(ckpt, "run-key")

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agentkiln.artifacts import ArtifactError
+
 PAUSE_ENV = "AGENTKILN_PAUSE_AFTER_CHECKPOINT"  # seconds to wait after each checkpoint (tests only)
 STATE_FILE = "state.pt"
 
@@ -67,8 +69,12 @@ def load(ckpt_dir: Path, key: str, rng: random.Random | None = None, gen: torch.
     f = Path(ckpt_dir) / STATE_FILE
     if not f.is_file():
         return None
-    state = torch.load(f, weights_only=False)
-    if state.get("fingerprint") != key:
+    try:
+        state = torch.load(f, weights_only=False)
+    except Exception as e:  # written atomically (tmp dir + rename), so this is damage from outside
+        raise ArtifactError(f"{f}: unreadable checkpoint ({type(e).__name__}: {e}); delete {ckpt_dir} to start "
+                            "this stage over, then run dvc repro again") from None
+    if not isinstance(state, dict) or state.get("fingerprint") != key:
         return None
     if rng is not None:
         rng.setstate(state["python_rng"])
