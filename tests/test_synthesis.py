@@ -124,6 +124,9 @@ def test_same_params_same_bytes(runs):
     assert any(f.suffix == ".z8" for f in files)
     for f in files:
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
+        # and nothing of this machine's installation (another clone has another path)
+        assert sys.prefix.encode() not in (a / f).read_bytes() and os.path.realpath(sys.prefix).encode() \
+            not in (a / f).read_bytes(), f
 
 
 def test_corrupt_tables_are_rejected_by_name(runs, tmp_path):

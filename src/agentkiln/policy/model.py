@@ -3,7 +3,7 @@ format it was trained with.
 
 `source: scratch` builds a small Llama-style model with random weights and a BPE tokenizer trained
 on the task text (the embedded CPU default). Any other source is a local Hugging Face directory
-(Qwen2, Llama, ...: `from_pretrained`), or a hub id where a hub is reachable; after loading, every
+(Qwen2, Llama, ...: `from_pretrained`, never downloading); after loading, every
 policy goes through the same code. A tokenizer that cannot encode the task text or has no chat
 template stops the run at load, naming the directory.
 
@@ -152,8 +152,10 @@ def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int
         raise FileNotFoundError(f"{source}: no such model directory (run the stage that writes it, or fix the path)")
     meta = saved_meta(path) if path.is_dir() else None  # before any file is parsed: damage is named, not crashed on
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        # local_files_only: nothing is ever downloaded, and written explicitly it does not end up in a
+        # saved tokenizer_config.json as whatever HF_HUB_OFFLINE happened to say (same params, same bytes)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except OSError as e:
         where = "a model directory" if path.is_dir() else "a local directory, and loading it as a hub id failed"
         raise FileNotFoundError(f"{source}: not {where} with config.json, weights and tokenizer files ({e})") from e

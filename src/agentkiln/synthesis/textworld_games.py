@@ -14,6 +14,8 @@ Knobs (every level has all of them; `game` picks which apply):
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import warnings
 from pathlib import Path
@@ -60,9 +62,18 @@ def check(knobs: dict) -> None:
         bad("max_turns", "must be an int >= 1")
 
 
+# TextWorld writes the absolute path of its grammar files (inside this machine's installation) into
+# every game's .json; it is read only to generate text, never to play. Written relative to the
+# installation, the same game has the same bytes in every clone.
+_INSTALL = os.path.dirname(os.path.dirname(os.path.abspath(textworld.__file__))) + os.sep
+
+
 def _compile(game, opts: textworld.GameOptions) -> Path:
     out = Path(textworld.generator.compile_game(game, opts))
     out.with_suffix(".ni").unlink(missing_ok=True)  # Inform 7 source: not needed to play
+    meta = out.with_suffix(".json")
+    if meta.is_file():
+        meta.write_text(meta.read_text().replace(json.dumps(_INSTALL)[1:-1], ""))
     return out
 
 
