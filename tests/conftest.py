@@ -3,6 +3,8 @@
 Set before any library import (pytest imports conftest first)."""
 
 import os
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -153,6 +155,18 @@ def task_texts(tasks, tasks_dir) -> list[str]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def copy_worktree(dst: Path) -> Path:
+    """The repository's files (tracked, and untracked but not ignored) copied to `dst`: a clean checkout
+    of the working tree, for tests that run git/DVC on their own copy."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dst / f)
+    return dst
 
 
 def merge(base: dict, over: dict) -> dict:

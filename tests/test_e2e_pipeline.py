@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import copy_worktree
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -56,13 +57,7 @@ def sh(args, cwd, env):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     dst = tmp_path_factory.mktemp("e2e") / "agentkiln"
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, dst / f)
+    copy_worktree(dst)
     params = merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, merge
+from tests.conftest import ROOT, copy_worktree, merge
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the Linux process table")
 
@@ -140,12 +140,7 @@ class Run:
 def repo(tmp_path_factory):
     """A copy of the repository (git and DVC) with tiny params; its own MLflow store and TMPDIR."""
     dst = tmp_path_factory.mktemp("signals") / "agentkiln"
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, dst / f)
+    copy_worktree(dst)
     params = merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
