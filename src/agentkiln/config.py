@@ -36,6 +36,80 @@ Share = Annotated[float, Field(gt=0, le=1e6)]
 BIG = 1_000_000  # upper bound of counts (steps, iterations, batch sizes) that still leaves a run possible
 
 
+# --------------------------------------------------------------------------- compute
+class DeepSpeedParams(_Strict):
+    """`compute.backend: deepspeed` (docs/scale.md): the stage launches `num_procs` ranks itself."""
+
+    num_procs: int = Field(2, ge=1, le=4096, description="ranks the stage launches on this machine (one per GPU)")
+    zero_stage: Literal[2, 3] = Field(2, description="ZeRO-2 shards optimizer state and gradients; ZeRO-3 also weights")
+    offload_optimizer: bool = Field(False, description="optimizer state in CPU memory")
+    offload_params: bool = Field(False, description="ZeRO-3: weights in CPU memory")
+    comm_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on cuda, gloo on cpu")
+    master_port: int = Field(29511, ge=1024, le=65535, description="rendezvous port on localhost")
+
+
+class VLLMParams(_Strict):
+    """`compute.rollout.backend: vllm`: a vLLM engine in its own environment and process
+    (scripts/install_vllm.sh builds it; docs/scale.md)."""
+
+    python: str | None = Field(None, description="the vLLM environment's python; null: the cached one that "
+                               "scripts/install_vllm.sh builds")
+    gpu_memory_utilization: float = Field(0.1, gt=0, le=1, description="share of GPU memory (on CPU: of RAM) "
+                                          "vLLM reserves")
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    enforce_eager: bool = Field(True, description="no CUDA graphs (weights change every iteration)")
+    max_num_seqs: int = Field(64, ge=1, le=65536)
+    startup_timeout: int = Field(600, ge=10, le=36000, description="seconds for the engine to come up")
+
+
+class RolloutBackendParams(_Strict):
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: agentkiln's KV-cache engine in the trainer's "
+                                           "process; vllm: a vLLM engine, weights synced every iteration")
+    vllm: VLLMParams = VLLMParams()
+
+
+class RayParams(_Strict):
+    """Fan-out on Ray (docs/scale.md): environment stepping, synthesis workers and ablation arms x seeds."""
+
+    enabled: bool = Field(False, description="false: single-process (the default)")
+    address: str | None = Field(None, description="an existing cluster (e.g. ray://head:10001 or auto); null: "
+                                "start a local Ray for the stage")
+    num_cpus: int | None = Field(None, ge=1, le=100_000, description="local Ray only: CPUs it may use; null: all")
+    env_workers: int = Field(2, ge=1, le=100_000, description="actors that host and step the environments")
+
+
+class ComputeParams(_Strict):
+    """Where and how every stage computes (docs/scale.md). The defaults are the CPU laptop; a GPU,
+    bf16, DeepSpeed ranks, vLLM rollouts or Ray are a change here, not of code."""
+
+    device: str = Field("auto", description="auto (cuda when there is one, else cpu) | cpu | cuda | cuda:N")
+    dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: bf16 autocast, fp32 master weights")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    backend: Literal["single", "deepspeed"] = Field("single", description="training: one process, or DeepSpeed ranks")
+    deepspeed: DeepSpeedParams = DeepSpeedParams()
+    rollout: RolloutBackendParams = RolloutBackendParams()
+    ray: RayParams = RayParams()
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+            raise ValueError(f"device {device!r}: expected auto, cpu, cuda or cuda:N")
+        return device
+
+
+class LoRAParams(_Strict):
+    """Low-rank adapters (peft) on the chosen modules; the stage saves the adapter and a merged model."""
+
+    enabled: bool = False
+    r: int = Field(16, ge=1, le=4096)
+    alpha: float = Field(32.0, gt=0, le=1e5)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      min_length=1, description="module name suffixes that get adapters")
+
+
 # --------------------------------------------------------------------------- synthesize
 SPLITS = ("sft", "rl", "test", "ood")  # ood: optional, held-out task types (harder levels)
 TRAIN_SPLITS = ("sft", "rl")
@@ -193,6 +267,7 @@ class SFTParams(_Strict):
     weight_decay: float = Field(0.01, ge=0, le=1)
     warmup_steps: int = Field(20, ge=0, le=BIG)
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
+    lora: LoRAParams = LoRAParams()
 
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "ppo")
@@ -247,6 +322,10 @@ class RLParams(_Strict):
     critic_lr: float = Field(1e-3, gt=0, lt=1, description="PPO's value model")
     value_clip: float = Field(0.2, gt=0, le=100)
     checkpoint_every: int = Field(1, ge=0, le=BIG, description="iterations between resumable checkpoints (0: never)")
+    lora: LoRAParams = LoRAParams()
+    # rollout/trainer mismatch (vLLM rollouts): the trainer always recomputes the behaviour log-probs
+    tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
+                                  "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -405,6 +484,7 @@ class AblationParams(_Strict):
 class Params(_Strict):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     torch_threads: int = Field(2, ge=1, le=1024, description="fixed so CPU results are bit-identical")
+    compute: ComputeParams = ComputeParams()
     synthesize: SynthesizeParams
     sft: SFTParams = SFTParams()
     rl: RLSection = RLSection()
