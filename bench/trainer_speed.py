@@ -55,7 +55,7 @@ def main() -> None:
     policy, ref = load_policy(args.model), load_policy(args.model)
     episodes, _, _ = collect(policy, load_split(args.tasks, "rl"), Path(args.tasks), p, random.Random(0), seed=0)
     batch = build_batch(episodes, policy.pad_id)
-    batch.ref_logp = score(ref.model, batch, p.temperature, p.micro_batch_size or p.minibatch_size)
+    batch.ref_logp = score(ref, batch, p.temperature, p.micro_batch_size or p.minibatch_size)
     batch.advantages = torch.randn(batch.rows)[:, None] * batch.loss_mask
     rows = list(range(min(p.minibatch_size, batch.rows)))
     mb = batch.select(rows)

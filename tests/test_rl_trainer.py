@@ -4,13 +4,12 @@ resume-after-kill equality."""
 
 import math
 import random
-import types
 
 import pytest
 import torch
 
 from agentkiln.config import ALGORITHMS, ModelParams, RLParams
-from agentkiln.policy import AgentFormat, build_scratch_policy
+from agentkiln.policy import AgentFormat, Policy, build_scratch_policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode, Turn
@@ -187,7 +186,7 @@ def grads_by_token(seen, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return g_logp, g_ent
 
 
-FAKE_POLICY = types.SimpleNamespace(model=torch.nn.Linear(1, 1))  # scoring is faked: only update's optimizer sees it
+FAKE_POLICY = Policy(torch.nn.Linear(1, 1), tokenizer=None)  # scoring is faked: only update's optimizer sees it
 TOKEN0 = 1000
 
 
@@ -258,7 +257,7 @@ def test_micro_batches_accumulate_the_minibatch_gradient_exactly(lake_pool, text
         eps = run_episodes(PolicyAgent(pol, seed=1), tasks, tasks_dir, 4, group_size=2)
         p = RLParams(minibatch_size=12, micro_batch_size=micro, loss_agg=agg, kl_coef=0.1, entropy_coef=0.01)
         batch = build_batch(eps, pol.pad_id)
-        batch.ref_logp = trainer.score(ref.model, batch, 1.0, 4)
+        batch.ref_logp = trainer.score(ref, batch, 1.0, 4)
         batch.advantages = torch.linspace(-1, 1, batch.rows)[:, None] * batch.loss_mask
         opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)  # a step that changes nothing: compare grads
         trainer.update(pol, None, batch, p, opt, None, torch.Generator().manual_seed(0))
@@ -287,9 +286,9 @@ def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm, 
     real_update = trainer.update
 
     def spy(policy, critic, batch, p, *args, **kw):
-        before = trainer.score(policy.model, batch, p.temperature, 64)
+        before = trainer.score(policy, batch, p.temperature, 64)
         out = real_update(policy, critic, batch, p, *args, **kw)
-        after = trainer.score(policy.model, batch, p.temperature, 64)
+        after = trainer.score(policy, batch, p.temperature, 64)
         moved.append(float((batch.advantages * (after - before)).sum()))
         return out
 

@@ -27,7 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from agentkiln.artifacts import (ArtifactError, MissingArtifactError, read_json, rebuild_hint, verify_manifest,
                                  write_json, write_manifest)
-from agentkiln.config import ModelParams
+from agentkiln.config import ComputeParams, ModelParams
+from agentkiln.policy import device as dev
 from agentkiln.policy.chat import ChatFormat
 from agentkiln.policy.prompt import FORMAT_VERSION, AgentFormat
 from agentkiln.policy.tokenizer import build_scratch_tokenizer, check_tokenizer
@@ -49,6 +50,7 @@ class Policy:
     fmt: AgentFormat = field(default_factory=AgentFormat)
     context: int = 1024  # the agent's context window (tokens of one episode window)
     source: str = "policy"
+    dtype: torch.dtype = torch.float32  # compute precision of forward passes (weights stay fp32: `place`)
 
     @cached_property
     def chat(self) -> ChatFormat:
@@ -70,6 +72,36 @@ class Policy:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def autocast(self):
+        """The context every forward pass of this policy runs in (bf16 autocast, or nothing for fp32)."""
+        return dev.autocast(self.device, self.dtype)
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """What the optimizer updates (with LoRA: the adapters only)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def place(policy: Policy, compute: ComputeParams | None) -> Policy:
+    """Put `policy` where `compute` says: device, attention kernel, gradient checkpointing, and the
+    precision its forward passes run in (bf16: autocast over fp32 master weights). None: as loaded."""
+    if compute is None:
+        return policy
+    device = dev.resolve_device(compute.device)
+    dev.check_attn(compute.attn_implementation, device)
+    model = policy.model
+    if getattr(model.config, "_attn_implementation", None) != compute.attn_implementation:
+        model.set_attn_implementation(compute.attn_implementation)
+    if compute.gradient_checkpointing:
+        # non-reentrant: works with frozen inputs (LoRA) and with our partial-logits forward
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy.model = model.to(device)
+    policy.dtype = dev.DTYPES[compute.dtype]
+    return policy
+
 
 def build_scratch_model(params: ModelParams, tokenizer, seed: int) -> LlamaForCausalLM:
     """A Llama-style decoder with random weights, sized by `params`, for `tokenizer`'s vocabulary."""
@@ -90,10 +122,13 @@ def build_scratch_model(params: ModelParams, tokenizer, seed: int) -> LlamaForCa
     return LlamaForCausalLM(config)
 
 
-def build_scratch_policy(params: ModelParams, texts: Iterable[str], fmt: AgentFormat, seed: int) -> Policy:
-    """The embedded default: a BPE tokenizer trained on `texts` + a random-init model."""
+def build_scratch_policy(params: ModelParams, texts: Iterable[str], fmt: AgentFormat, seed: int,
+                         compute: ComputeParams | None = None) -> Policy:
+    """The embedded default: a BPE tokenizer trained on `texts` + a random-init model (weights drawn
+    on the CPU, so the same seed gives the same model on every device)."""
     tokenizer = build_scratch_tokenizer(texts, params.vocab_size)
-    return Policy(build_scratch_model(params, tokenizer, seed), tokenizer, fmt, params.max_context, "scratch")
+    policy = Policy(build_scratch_model(params, tokenizer, seed), tokenizer, fmt, params.max_context, "scratch")
+    return place(policy, compute)
 
 
 class _AgentFormatFile(BaseModel):
@@ -142,19 +177,23 @@ def saved_meta(path: Path) -> dict | None:
 
 
 def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int | None = None,
-                probe: Iterable[str] = ()) -> Policy:
+                probe: Iterable[str] = (), compute: ComputeParams | None = None) -> Policy:
     """A saved policy directory (checked against its manifest; its agent.json gives format and
     context), or any causal LM directory (then `fmt` / `context` or the defaults). Checks the
-    tokenizer on PROBE_TEXTS + `probe`."""
+    tokenizer on PROBE_TEXTS + `probe`; `compute` places it (device, precision, attention)."""
     source = str(source)
     path = Path(source)
     if not path.is_dir() and (path.is_absolute() or source.startswith((".", "models/", "data/"))):
         raise FileNotFoundError(f"{source}: no such model directory (run the stage that writes it, or fix the path)")
     meta = saved_meta(path) if path.is_dir() else None  # before any file is parsed: damage is named, not crashed on
+    if compute is not None:  # a setting this machine cannot honour stops the run before the weights load
+        dev.check_attn(compute.attn_implementation, dev.resolve_device(compute.device))
     try:
         # local_files_only: nothing is ever downloaded, and written explicitly it does not end up in a
         # saved tokenizer_config.json as whatever HF_HUB_OFFLINE happened to say (same params, same bytes)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+        # fp32 master weights whatever the checkpoint's dtype: bf16 is autocast (`place`)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True,
+                                                     attn_implementation=compute.attn_implementation if compute else None)
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except OSError as e:
         where = "a model directory" if path.is_dir() else "a local directory, and loading it as a hub id failed"
@@ -166,7 +205,7 @@ def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int
     check_tokenizer(tokenizer, [*PROBE_TEXTS, *probe], source)
     policy = Policy(model.eval(), tokenizer, fmt, context, source)
     policy.chat  # noqa: B018  (a template that cannot be split fails here, at load)
-    return policy
+    return place(policy, compute)
 
 
 def save_policy(policy: Policy, out_dir: str | Path) -> Path:

@@ -13,6 +13,7 @@ import random
 import torch
 
 from agentkiln.envs import Env
+from agentkiln.policy.device import generator
 from agentkiln.policy.model import Policy
 from agentkiln.policy.prompt import render_action
 from agentkiln.rollout.decoding import ActionTrie, sample
@@ -43,7 +44,7 @@ class PolicyAgent:
             if mode not in (*DECODING_MODES, "auto"):
                 raise ValueError(f"decoding.{family} = {mode!r}: expected constrained, free or auto")
         self.max_reply_tokens = max_reply_tokens
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = generator(policy.device, seed)  # on the logits' device: same seed, same episodes
         self._reply_ids: dict[tuple, list[int]] = {}
 
     # -- a chunk of episodes played in lockstep --------------------------------------------------
@@ -54,6 +55,10 @@ class PolicyAgent:
 
     def act(self, episodes: list[Episode], envs: list[Env]) -> list[str | None]:
         self.policy.model.eval()
+        with self.policy.autocast():
+            return self._act(episodes, envs)
+
+    def _act(self, episodes: list[Episode], envs: list[Env]) -> list[str | None]:
         rows = [self.row[id(ep)] for ep in episodes]
         budgets = [self.max_reply_tokens or env.max_reply_tokens for env in envs]
         go = [self._append_observation(r, ep, env, n) for r, ep, env, n in zip(rows, episodes, envs, budgets)]

@@ -39,7 +39,7 @@ def play_panel(policy, panel, tasks_dir: Path, evaluate, desc: str) -> list[int]
 def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_dir: Path, log=None):
     """Train one arm with one seed: its stages in order, each KL-anchored to the policy it started from.
     Returns (policy, learning curve rows with cumulative episodes)."""
-    policy = load_policy(init_dir)
+    policy = load_policy(init_dir, compute=params.compute)
     curve, offset = [], 0
     for k, p in enumerate(params.ablation_stages(arm)):
         ref = copy.deepcopy(policy)
@@ -100,7 +100,7 @@ def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=Non
     a = params.ablation
     panel = load_split(tasks_dir, a.panel)
     init_dir = paths.model_dir(a.init)
-    init_outcomes = play_panel(load_policy(init_dir), panel, tasks_dir, params.evaluate,
+    init_outcomes = play_panel(load_policy(init_dir, compute=params.compute), panel, tasks_dir, params.evaluate,
                                f"ablation: {a.init} on {a.panel}")
     jobs = [(arm, seed) for arm in a.arms for seed in a.seeds]
     results: dict[tuple[str, int], tuple] = {}

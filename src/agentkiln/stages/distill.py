@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from agentkiln.config import DistillParams, Params
+from agentkiln.config import ComputeParams, DistillParams, Params
 from agentkiln.policy import Policy, load_policy, save_policy
-from agentkiln.policy.model import build_scratch_model
+from agentkiln.policy.model import build_scratch_model, place
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
@@ -31,11 +31,11 @@ from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl,
 from agentkiln.trainers.supervised import train_supervised
 
 
-def build_student(p: DistillParams, teacher: Policy, seed: int) -> Policy:
+def build_student(p: DistillParams, teacher: Policy, seed: int, compute: ComputeParams | None = None) -> Policy:
     if p.student.source == "scratch":  # the teacher's tokenizer and agent format
         model = build_scratch_model(p.student, teacher.tokenizer, seed=seed)
-        return Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, "scratch student")
-    return load_policy(p.student.source, teacher.fmt, context=p.student.max_context)
+        return place(Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, "scratch student"), compute)
+    return load_policy(p.student.source, teacher.fmt, context=p.student.max_context, compute=compute)
 
 
 def speaks_like(student: Policy, teacher: Policy) -> bool:
@@ -64,8 +64,8 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
     def slot(phase: str) -> dict:  # each training phase checkpoints apart (a finished phase is skipped)
         return {"ckpt_dir": Path(ckpt_dir) / phase, "ckpt_key": f"{key}:{phase}"} if ckpt_dir else {}
 
-    teacher = load_policy(teacher_dir)
-    student = build_student(p, teacher, params.seed)
+    teacher = load_policy(teacher_dir, compute=params.compute)
+    student = build_student(p, teacher, params.seed, params.compute)
     if p.mode != "trajectory":
         shared_vocab(teacher, student, p.mode)  # fail before any rollout
     pool = load_split(tasks_dir, "sft") + load_split(tasks_dir, "rl")  # training pools only

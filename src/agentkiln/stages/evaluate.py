@@ -61,7 +61,7 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
     per_task: dict[str, dict] = {}
     sampled: dict[str, dict[str, float]] = {}  # policy -> task -> success rate over its pass@k samples
     for name in p.policies:
-        policy = None if name in ("random", "oracle") else load_policy(model_dirs[name])
+        policy = None if name in ("random", "oracle") else load_policy(model_dirs[name], compute=params.compute)
         for panel, tasks in panels.items():
             # a fresh agent per panel: the random baseline's draws do not depend on which panels exist
             recs = play(greedy_agent(name, policy, params), tasks, tasks_dir, p.max_turns, levels=levels,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from agentkiln import paths
 from agentkiln.config import Params
-from agentkiln.policy import load_policy, save_policy
+from agentkiln.policy import load_policy, lora, save_policy
+from agentkiln.rollout.backends import open_rollout
 from agentkiln.stages.common import load_split
 from agentkiln.trainers import checkpoint
 from agentkiln.trainers.rl import greedy_success, train_rl
@@ -31,12 +32,22 @@ def write_curve(history: list[dict], curve_csv: Path) -> None:
 def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
            ckpt_dir: Path | None = None, log=None) -> dict:
     p = params.rl.stage(stage)
-    policy, ref = load_policy(init_dir), load_policy(init_dir)
+    policy = load_policy(init_dir, compute=params.compute)
+    # the KL reference: a frozen copy, or with LoRA the policy itself with its adapters off
+    ref = load_policy(init_dir, compute=params.compute) if p.kl_coef > 0 and not p.lora.enabled else None
     pool = load_split(tasks_dir, "rl")
-    key = checkpoint.fingerprint(stage, p.model_dump(), params.seed, [t.task_id for t in pool], files=[init_dir])
+    key = checkpoint.fingerprint(stage, p.model_dump(), params.compute.model_dump(), params.seed,
+                                 [t.task_id for t in pool], files=[init_dir])
     before = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (before)")
-    history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir, ckpt_key=key)
+    if p.lora.enabled:
+        lora.add_lora(policy, p.lora, seed=params.seed)
+    with open_rollout(policy, params.compute, seed=params.seed, lora=p.lora.enabled) as rollout:
+        history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir,
+                           ckpt_key=key, rollout=rollout)
     after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
+    merged = None
+    if lora.has_lora(policy):
+        merged = lora.merge(policy, out_dir)
     save_policy(policy, out_dir)
     write_curve(history, reports_dir / "curve.csv")
     if ckpt_dir:
@@ -51,6 +62,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
         "pool_size": len(pool),
         "iterations": len(history),
         "episodes": history[-1]["episodes"] if history else 0,
+        **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),
     }
 
 

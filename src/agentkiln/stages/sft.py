@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agentkiln.config import Params
 from agentkiln.envs import env_class
-from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, observation_text, save_policy
+from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, lora, observation_text, save_policy
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import render
@@ -51,16 +51,22 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
     model = params.sft.model
     if model.source == "scratch":
         # vocabulary from every training-pool text (sft + rl); the test panel stays unseen
-        policy = build_scratch_policy(model, corpus(fmt, expert_episodes(df)), fmt, seed=params.seed)
+        policy = build_scratch_policy(model, corpus(fmt, expert_episodes(df)), fmt, seed=params.seed,
+                                      compute=params.compute)
     else:
-        policy = load_policy(model.source, fmt, context=model.max_context, probe=corpus(fmt, demos[:8]))
+        policy = load_policy(model.source, fmt, context=model.max_context, probe=corpus(fmt, demos[:8]),
+                             compute=params.compute)
+    if params.sft.lora.enabled:
+        lora.add_lora(policy, params.sft.lora, seed=params.seed)
     episodes = render_all(policy, demos)
     key = ""
     if ckpt_dir:
-        key = checkpoint.fingerprint("sft", params.sft.model_dump(), params.seed, params.torch_threads,
+        key = checkpoint.fingerprint("sft", params.sft.model_dump(), params.compute.model_dump(), params.seed,
+                                     params.torch_threads,
                                      files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)]))
     history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log, desc="sft",
                                ckpt_dir=ckpt_dir, ckpt_key=key)
+    merged = lora.merge(policy, out_dir) if lora.has_lora(policy) else None
     save_policy(policy, out_dir)
     if ckpt_dir:
         checkpoint.clear(ckpt_dir)
@@ -74,4 +80,5 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         "n_tasks": int(df[df["split"] == "sft"]["task_id"].nunique()),
         "final_loss": history[-1]["loss"],
         "final_token_acc": history[-1]["token_acc"],
+        **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),
     }

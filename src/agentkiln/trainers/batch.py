@@ -9,7 +9,8 @@
     episode     [R]      which episode each row belongs to
     advantages, ref_logp, values [R, T]: filled by credit assignment / the reference model
 
-Every column is built once per iteration; losses read columns and minibatches slice rows.
+Every column is built once per iteration, on the CPU; losses read columns and minibatches slice
+rows; a minibatch moves to the model's device (`to`) right before its forward pass.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class Batch:
                     v = v[:, :width]
             out[f.name] = v
         return replace(self, **out)
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on `device` (itself when already there)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     def flat(self, column: torch.Tensor) -> torch.Tensor:
         """A [R, T] column at the reply tokens, row-major: each episode's tokens in the order played."""
@@ -115,8 +123,10 @@ def hidden_at(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: t
     it and are never attended to): no padding mask is passed, which lets SDPA use its fused causal
     kernel (~40% faster on CPU). `attention_mask` only trims the batch to its longest row."""
     decoder = model.get_decoder()
+    device = next(model.parameters()).device
     width = int(attention_mask.sum(1).max())
-    out = decoder(input_ids=input_ids[:, :width])
+    out = decoder(input_ids=input_ids[:, :width].to(device), use_cache=False)
+    positions = positions.to(device)
     return out.last_hidden_state[positions[:, 0], positions[:, 1]]
 
 
@@ -126,7 +136,7 @@ def allowed_mask(batch: Batch, vocab: int) -> torch.Tensor | None:
     if not batch.allowed.shape[-1]:
         return None
     allowed = batch.allowed[batch.loss_mask]
-    keep = torch.zeros(len(allowed), vocab, dtype=torch.bool)
+    keep = torch.zeros(len(allowed), vocab, dtype=torch.bool, device=allowed.device)
     free = allowed[:, 0] < 0
     if bool(free.all()):
         return None
@@ -141,7 +151,9 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob (and entropy) of every reply token, flat [N] in `batch.flat` order, under the
     distribution the rollout sampled from: the whole vocabulary, or the allowed ids where decoding
-    was constrained. The LM head runs only at the N positions that predict a reply token."""
+    was constrained. The LM head runs only at the N positions that predict a reply token (at a 152k
+    vocabulary the full [R, T, V] logits would dominate memory). Runs on the model's device."""
+    batch = batch.to(next(model.parameters()).device)
     pred = batch.loss_mask.nonzero()
     pred[:, 1] -= 1  # logits at t-1 predict token t
     h = hidden_at(model, batch.input_ids, batch.attention_mask, pred)

@@ -30,8 +30,10 @@ def decision_positions(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 class Critic(nn.Module):
     def __init__(self, policy_model: nn.Module):
         super().__init__()
-        self.body = copy.deepcopy(policy_model)
-        self.head = nn.Linear(policy_model.config.hidden_size, 1)
+        # a separate network (verl's critic): the value loss must not move the policy. With LoRA the
+        # copy (adapters included) trains in full: values need more than a low-rank change.
+        self.body = copy.deepcopy(policy_model).requires_grad_(True)
+        self.head = nn.Linear(policy_model.config.hidden_size, 1, device=next(policy_model.parameters()).device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -39,7 +41,7 @@ class Critic(nn.Module):
         """(turn indices, V of each) for the turns whose replies start in `batch`'s rows."""
         turns, at = decision_positions(batch)
         h = hidden_at(self.body, batch.input_ids, batch.attention_mask, at)
-        return turns, self.head(h.float()).squeeze(-1)
+        return turns.to(h.device), self.head(h.float()).squeeze(-1)
 
     @torch.no_grad()
     def values(self, batch: Batch, rows_per_pass: int = 16) -> torch.Tensor:
@@ -48,7 +50,7 @@ class Critic(nn.Module):
         out = torch.zeros(len(batch.turns))
         for i in range(0, batch.rows, rows_per_pass):
             turns, v = self(batch.select(list(range(i, min(i + rows_per_pass, batch.rows)))))
-            out[turns] = v
+            out[turns.cpu()] = v.float().cpu()
         return out
 
 

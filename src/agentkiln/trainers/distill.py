@@ -107,7 +107,9 @@ def shared_vocab(teacher: Policy, student: Policy, mode: str) -> int:
 
 # --------------------------------------------------------------------------- scores
 def reply_logits(model: torch.nn.Module, batch: Batch, vocab: int) -> torch.Tensor:
-    """[N, V] float logits at the positions that predict each reply token (batch.flat order)."""
+    """[N, V] float logits at the positions that predict each reply token (batch.flat order), on the
+    model's device."""
+    batch = batch.to(next(model.parameters()).device)
     pred = batch.loss_mask.nonzero()
     pred[:, 1] -= 1
     h = hidden_at(model, batch.input_ids, batch.attention_mask, pred)
@@ -132,14 +134,15 @@ def _kd_pass(student: Policy, batch: Batch, teacher_scores: TeacherScores, loss_
     tot_loss, tot_tok, teacher_lp, norms = 0.0, 0, 0.0, []
     bar = tqdm(length_grouped(batch.attention_mask.sum(1).tolist(), batch_size, gen), desc=desc, leave=False)
     for rows in bar:
-        mb = batch.select(rows)
+        mb = batch.select(rows).to(student.device)
         allowed = allowed_mask(mb, vocab) if kd.support == "admissible" else None
-        s_logits = reply_logits(model, mb, vocab)
-        t_logits = teacher_scores(rows, mb)
-        loss = loss_fn(s_logits, t_logits, torch.ones(len(s_logits)), kd.temperature, allowed)
+        with student.autocast():
+            s_logits = reply_logits(model, mb, vocab)
+        t_logits = teacher_scores(rows, mb).to(s_logits.device)
+        loss = loss_fn(s_logits, t_logits, torch.ones(len(s_logits), device=s_logits.device), kd.temperature, allowed)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
+        norms.append(float(torch.nn.utils.clip_grad_norm_(student.trainable(), max_grad_norm)))
         opt.step()
         if sched is not None:
             sched.step()
@@ -176,7 +179,7 @@ def train_forward_kl(student: Policy, teacher: Policy, episodes: list[Episode], 
     teacher.model.eval().requires_grad_(False)
     if batch.n_tokens * vocab * 4 <= TEACHER_CACHE_BYTES:
         cache: dict[int, torch.Tensor] = {}
-        with torch.no_grad():
+        with torch.no_grad(), teacher.autocast():
             for r in range(batch.rows):
                 cache[r] = reply_logits(teacher.model, batch.select([r]), vocab)
 
@@ -184,10 +187,10 @@ def train_forward_kl(student: Policy, teacher: Policy, episodes: list[Episode], 
             return torch.cat([cache[r] for r in rows])
     else:
         def scores(rows, mb):
-            with torch.no_grad():
+            with torch.no_grad(), teacher.autocast():
                 return reply_logits(teacher.model, mb, vocab)
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(student.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(student.trainable(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * math.ceil(batch.rows / cfg.batch_size))
     history, start = [], 0
     state = checkpoint.load(ckpt_dir, ckpt_key, gen=gen) if ckpt_dir else None
@@ -220,13 +223,14 @@ def train_on_policy(student: Policy, teacher: Policy, pool: list[TaskSpec], task
     vocab = shared_vocab(teacher, student, "on-policy")
     teacher.model.eval().requires_grad_(False)
     kd = KDConfig(p.kd_temperature, p.kd_support)
-    opt = torch.optim.AdamW(student.model.parameters(), lr=p.onpolicy_lr or p.lr, weight_decay=p.weight_decay)
+    opt = torch.optim.AdamW(student.trainable(), lr=p.onpolicy_lr or p.lr, weight_decay=p.weight_decay)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
     def scores(rows, mb):
-        return reply_logits(teacher.model, mb, vocab)
+        with teacher.autocast():
+            return reply_logits(teacher.model, mb, vocab)
 
     history, start = [], 0
     state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None

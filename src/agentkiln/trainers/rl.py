@@ -1,12 +1,15 @@
 """The RL trainer: one loop for GRPO, Dr.GRPO, RLOO, REINFORCE++, GiGPO and PPO/GAE.
 
 One iteration, top to bottom:
-1. `collect`: sample tasks from the pool, play G episodes per task from the same initial state (each
-   episode one token sequence: the exact generated ids, the constrained-decoding masks and the
-   behaviour log-probs); with dynamic sampling, groups whose rewards do not vary are dropped and
-   more tasks are played until the batch is full.
-2. `prepare`: one flat batch of tensors (trainers.batch), the reference model's log-probs (KL), the
-   critic's values (PPO), then `credit.advantages` fills the advantage column.
+1. `collect`: sample tasks from the pool, play G episodes per task from the same initial state with
+   the rollout backend (rollout.backends: the in-process KV-cache engine, or vLLM with the weights
+   synced first); each episode is one token sequence: the exact generated ids, the
+   constrained-decoding masks and the behaviour log-probs. With dynamic sampling, groups whose
+   rewards do not vary are dropped and more tasks are played until the batch is full.
+2. `prepare`: one flat batch of tensors (trainers.batch); with an out-of-process rollout the trainer
+   recomputes the behaviour log-probs and logs the mismatch (truncated importance sampling weights
+   the advantages when `tis_cap` is set); the reference's log-probs (KL: a frozen copy, or with LoRA
+   the same model with its adapters off), the critic's values (PPO), then `credit.advantages`.
 3. `update`: PPO epochs over minibatches of episodes (micro-batches accumulate gradients): PPO-clip
    (clip-higher, dual clip) or GSPO, KL to the stage's starting policy as a loss term (or folded into
    the rewards), entropy bonus, gradient clipping; PPO also fits its critic.
@@ -16,6 +19,7 @@ One iteration, top to bottom:
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,8 +31,9 @@ from tqdm import tqdm
 from agentkiln.algos.losses import aggregate, entropy_bonus, gspo, kl_penalty, ppo_clip
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
+from agentkiln.policy import lora
 from agentkiln.policy.model import Policy
-from agentkiln.rollout.agents import PolicyAgent
+from agentkiln.rollout.backends import HFRollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint
@@ -36,23 +41,21 @@ from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.critic import Critic, value_loss
 
-def rollout_agent(policy: Policy, p: RLParams, seed: int) -> PolicyAgent:
-    return PolicyAgent(policy, temperature=p.temperature, seed=seed, batch_size=p.rollout_batch,
-                       decoding=p.decoding, max_reply_tokens=p.max_reply_tokens)
-
-
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
-            budget_left: int | None = None) -> tuple[list[Episode], list[Episode], dict]:
+            budget_left: int | None = None, rollout=None) -> tuple[list[Episode], list[Episode], dict]:
     """(episodes to train on: `tasks_per_iter` groups, with dynamic sampling only groups whose shaped
     rewards vary; every episode played, for the metrics; stats). Dynamic sampling stops playing
-    more rounds once `budget_left` episodes were played."""
+    more rounds once `budget_left` episodes were played. `rollout`: the backend (default: the
+    in-process engine on `policy`)."""
+    rollout = rollout or HFRollout(policy)
     kept: list[Episode] = []
     everything: list[Episode] = []
     groups_seen = groups_flat = played = 0
     rounds = p.max_sample_rounds if p.dynamic_sampling else 1
     for r in range(rounds):
         tasks = rng.sample(pool, min(p.tasks_per_iter, len(pool)))
-        episodes = run_episodes(rollout_agent(policy, p, seed + r), tasks, tasks_dir, p.max_turns, group_size=p.group_size)
+        agent = rollout.agent(p.temperature, False, seed + r, p.rollout_batch, p.decoding, p.max_reply_tokens)
+        episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size)
         played += len(episodes)
         everything += episodes
         scores = [sum(rs) for rs in shaped_turn_rewards(episodes, p)]
@@ -78,37 +81,72 @@ def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, 
 
 
 @torch.no_grad()
-def score(model: torch.nn.Module, batch: Batch, temperature: float, rows_per_pass: int) -> torch.Tensor:
-    """Log-probs of the batch's reply tokens under `model`, as a [R, T] column."""
+def score(policy: Policy, batch: Batch, temperature: float, rows_per_pass: int, base: bool = False) -> torch.Tensor:
+    """Log-probs of the batch's reply tokens under `policy` (`base`: with its LoRA adapters off), as
+    a [R, T] column on the CPU."""
     out = torch.zeros(batch.loss_mask.shape)
-    for i in range(0, batch.rows, rows_per_pass):
-        rows = list(range(i, min(i + rows_per_pass, batch.rows)))
-        sub = batch.select(rows)
-        lp, _ = token_logprobs(model, sub, temperature, with_entropy=False)
-        col = torch.zeros(sub.loss_mask.shape)
-        col[sub.loss_mask] = lp
-        out[rows, : col.shape[1]] = col
+    off = lora.reference(policy) if base else contextlib.nullcontext()
+    with off, policy.autocast():
+        for i in range(0, batch.rows, rows_per_pass):
+            rows = list(range(i, min(i + rows_per_pass, batch.rows)))
+            sub = batch.select(rows)
+            lp, _ = token_logprobs(policy.model, sub, temperature, with_entropy=False)
+            col = torch.zeros(sub.loss_mask.shape)
+            col[sub.loss_mask] = lp.float().cpu()
+            out[rows, : col.shape[1]] = col
     return out
 
 
-def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes: list[Episode], p: RLParams
-            ) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None]:
+def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | None) -> tuple[torch.Tensor, dict]:
+    """Compare the rollout engine's log-probs (batch.old_logp) with the trainer's recomputation of the
+    same tokens: (per-token truncated importance weight min(pi_trainer / pi_rollout, tis_cap), or ones
+    without a cap; health metrics: mean |delta log p|, max, and the k3 KL(rollout || trainer))."""
+    rollout_lp, train_lp = batch.flat(batch.old_logp), batch.flat(trainer_logp)
+    delta = train_lp - rollout_lp
+    stats = {"mismatch/abs_logp_diff": float(delta.abs().mean()) if len(delta) else 0.0,
+             "mismatch/max_abs_logp_diff": float(delta.abs().max()) if len(delta) else 0.0,
+             "mismatch/k3_kl": float((delta.exp() - 1 - delta).mean()) if len(delta) else 0.0}
+    weight = torch.ones_like(delta)
+    if tis_cap is not None:
+        weight = delta.exp().clamp(max=tis_cap)
+        stats["mismatch/tis_weight_mean"] = float(weight.mean()) if len(weight) else 1.0
+        stats["mismatch/tis_clipped_frac"] = float((delta.exp() > tis_cap).float().mean()) if len(delta) else 0.0
+    return weight, stats
+
+
+def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes: list[Episode], p: RLParams,
+            recompute: bool = False) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None, dict]:
     """The iteration's batch with its advantage (and reference log-prob) columns; the critic's values
-    and targets per turn (PPO). Rows whose tokens all have zero advantage carry no signal and are
-    dropped (not with a critic: it still learns from them)."""
+    and targets per turn (PPO); mismatch stats. Rows whose tokens all have zero advantage carry no
+    signal and are dropped (not with a critic: it still learns from them). `recompute`: the replies
+    came from another engine, so PPO's old log-probs are the trainer's recomputation (verl's
+    old_log_prob) and, with `tis_cap`, each token's advantage is scaled by its truncated importance
+    weight (the same as weighting its loss: the clipped surrogate is linear in A for a weight > 0)."""
     batch = build_batch(episodes, policy.pad_id)
     micro = p.micro_batch_size or p.minibatch_size
-    if ref is not None and p.kl_coef > 0:
-        batch.ref_logp = score(ref.model, batch, p.temperature, micro)
+    stats: dict = {}
+    tis = None
+    if recompute:
+        trainer_logp = score(policy, batch, p.temperature, micro)
+        tis, stats = rollout_mismatch(batch, trainer_logp, p.tis_cap)
+        batch.old_logp = trainer_logp
+    if p.kl_coef > 0 and (ref is not None or lora.has_lora(policy)):
+        batch.ref_logp = score(ref or policy, batch, p.temperature, micro, base=ref is None)
     token_kl = None
     if p.kl_in_reward and batch.ref_logp is not None:
         token_kl = kl_penalty(batch.flat(batch.old_logp), batch.flat(batch.ref_logp), p.kl_estimator)
-    values = critic.values(batch, micro) if critic is not None else None
+    if critic is not None:
+        with policy.autocast():
+            values = critic.values(batch, micro)
+    else:
+        values = None
     batch.advantages, returns = advantages(batch, episodes, p, token_kl, values)
+    if tis is not None and p.tis_cap is not None:
+        batch.advantages[batch.loss_mask] = batch.flat(batch.advantages) * tis
     if critic is None:
         signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
         batch = batch.select(signal.nonzero().squeeze(-1))
-    return batch, values, returns
+    return batch, values, returns, stats
 
 
 def _seq_count(seq: torch.Tensor) -> int:
@@ -137,15 +175,17 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
                 share = micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq
                 for key, v in _micro_loss(policy, micro, p, share).items():
                     stats[key].append(v)
-            stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.max_grad_norm)))
+            stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(policy.trainable(), p.max_grad_norm)))
             opt.step()
             if critic is not None:
                 critic.train()
                 critic_opt.zero_grad(set_to_none=True)
                 for k in range(0, mb.rows, micro_size):
-                    micro = mb.select(list(range(k, min(k + micro_size, mb.rows))))
-                    turns, v = critic(micro)
-                    vl = value_loss(v, values[turns], returns[turns], p.value_clip)
+                    micro = mb.select(list(range(k, min(k + micro_size, mb.rows)))).to(policy.device)
+                    with policy.autocast():
+                        turns, v = critic(micro)
+                    turns = turns.cpu()
+                    vl = value_loss(v, values[turns].to(v.device), returns[turns].to(v.device), p.value_clip)
                     (vl * micro.rows / mb.rows).backward()
                     stats["value_loss"].append(float(vl.detach()))
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), p.max_grad_norm)
@@ -159,7 +199,9 @@ def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float) -> dict
 
     loss = policy loss + kl_coef * agg(KL to the reference) (unless folded into the rewards)
            - entropy_coef * agg(token entropy), every term reduced by `loss_agg`."""
-    logp, entropy = token_logprobs(policy.model, micro, p.temperature)
+    micro = micro.to(policy.device)
+    with policy.autocast():
+        logp, entropy = token_logprobs(policy.model, micro, p.temperature)
     old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
     norm_len = float(p.loss_agg_norm_len)
     if p.policy_loss == "gspo":
@@ -203,8 +245,7 @@ def episode_metrics(episodes: list[Episode], batch: Batch | None) -> dict:
 
 
 def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, desc: str) -> float:
-    agent = PolicyAgent(policy, greedy=True, batch_size=p.rollout_batch, decoding=p.decoding,
-                        max_reply_tokens=p.max_reply_tokens)
+    agent = HFRollout(policy).agent(1.0, True, 0, p.rollout_batch, p.decoding, p.max_reply_tokens)
     eps = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=desc)
     return sum(e.won for e in eps) / len(eps)
 
@@ -219,12 +260,17 @@ def train_rl(
     log: Callable[[dict, int], None] | None = None,
     ckpt_dir: Path | None = None,
     ckpt_key: str = "",
+    rollout=None,
 ) -> list[dict]:
-    """Train `policy` in place on `pool`; `ref` (the stage's starting policy) stays frozen. With
-    `ckpt_dir`, resumes from a checkpoint of the same run (`ckpt_key`) and writes new ones.
-    Returns per-iteration metrics."""
-    ref.model.eval().requires_grad_(False)
-    opt = torch.optim.AdamW(policy.model.parameters(), lr=p.lr, weight_decay=0.0)
+    """Train `policy` in place on `pool`; `ref` (the stage's starting policy; None with LoRA: the
+    policy with its adapters off) stays frozen. `rollout`: the backend (rollout.backends; default the
+    in-process engine), synced with the weights before every iteration's rollouts. With `ckpt_dir`,
+    resumes from a checkpoint of the same run (`ckpt_key`) and writes new ones. Returns
+    per-iteration metrics."""
+    if ref is not None:
+        ref.model.eval().requires_grad_(False)
+    rollout = rollout or HFRollout(policy)
+    opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
     critic = critic_opt = None
     if p.algorithm == "ppo":
         critic = Critic(policy.model)
@@ -251,13 +297,15 @@ def train_rl(
     for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total):
         if p.episode_budget is not None and played >= p.episode_budget:
             break
+        rollout.sync(policy)
         episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
-                                             None if p.episode_budget is None else p.episode_budget - played)
+                                             None if p.episode_budget is None else p.episode_budget - played, rollout)
         played += info["episodes_played"]
         batch = values = returns = None
+        mismatch: dict = {}
         if episodes:
-            batch, values, returns = prepare(policy, ref, critic, episodes, p)
-        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch)}
+            batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute)
+        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch}
         if batch is not None and batch.rows:
             row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
         history.append(row)

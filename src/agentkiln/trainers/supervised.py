@@ -81,7 +81,7 @@ def train_supervised(
         raise ValueError(f"{desc}: no training episodes")
     model = policy.model
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(policy.trainable(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(batch.rows / cfg.batch_size)
     sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * steps_per_epoch)
     lengths = batch.attention_mask.sum(1).tolist()
@@ -95,11 +95,12 @@ def train_supervised(
         bar = tqdm(length_grouped(lengths, cfg.batch_size, gen), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
                    leave=False)
         for rows in bar:
-            logp, _ = token_logprobs(model, batch.select(rows), with_entropy=False)
+            with policy.autocast():
+                logp, _ = token_logprobs(model, batch.select(rows), with_entropy=False)
             loss = -logp.mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(policy.trainable(), cfg.max_grad_norm)
             opt.step()
             sched.step()
             n = logp.numel()

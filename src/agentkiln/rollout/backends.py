@@ -1,0 +1,49 @@
+"""Rollout backends: who generates the replies of an RL iteration (params: `compute.rollout`).
+
+    hf    agentkiln's KV-cache engine (rollout.agents.PolicyAgent) in the trainer's process: it reads
+          the live weights, so there is nothing to sync and its log-probs are the trainer's own.
+    vllm  a vLLM engine in its own environment and process (rollout.vllm_backend): weights are pushed
+          to it every iteration (`sync`), and the trainer recomputes the log-probs of what it generated
+          (`recompute`): the rollout/trainer mismatch is logged and can be corrected (rl.tis_cap).
+
+Both hand out agents with one contract (`begin(episodes)`, `act(episodes, envs)`), so
+rollout.engine.run_episodes plays them the same way and episodes carry the exact generated ids.
+"""
+
+from __future__ import annotations
+
+from agentkiln.config import ComputeParams
+from agentkiln.policy.model import Policy
+from agentkiln.rollout.agents import PolicyAgent
+
+
+class HFRollout:
+    recompute = False  # the behaviour log-probs are the trainer's (same weights, same kernels)
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+
+    def agent(self, temperature: float, greedy: bool, seed: int, batch_size: int, decoding: dict[str, str],
+              max_reply_tokens: int | None) -> PolicyAgent:
+        return PolicyAgent(self.policy, temperature=temperature, greedy=greedy, seed=seed, batch_size=batch_size,
+                           decoding=decoding, max_reply_tokens=max_reply_tokens)
+
+    def sync(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_rollout(policy: Policy, compute: ComputeParams | None, seed: int = 0, lora: bool = False):
+    """The backend `compute.rollout.backend` names, started from `policy`'s current weights."""
+    if compute is None or compute.rollout.backend == "hf":
+        return HFRollout(policy)
+    from agentkiln.rollout.vllm_backend import VLLMRollout  # noqa: PLC0415  (the vLLM client: only when asked for)
+    return VLLMRollout(policy, compute.rollout.vllm, policy.device, seed=seed, lora=lora)
