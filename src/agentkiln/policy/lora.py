@@ -60,8 +60,9 @@ def merge(policy: Policy, out_dir: str | Path) -> dict:
     merged vs adapted (must be ~0) and of merged vs base (0 only if training never moved the adapter)."""
     model = policy.model
     adapter = Path(out_dir) / ADAPTER_DIR
-    model.peft_config["default"].base_model_name_or_path = None  # no path of this machine in the outputs
-    model.save_pretrained(adapter)
+    # the base's directory name, not its path: no path of this machine in the outputs (same bytes in every clone)
+    model.peft_config["default"].base_model_name_or_path = Path(policy.source).name
+    model.save_pretrained(adapter, save_embedding_layers=False)  # adapters only (embeddings are frozen)
     ids = torch.tensor([policy.tokenizer.encode(" ".join(PROBE_TEXTS))], device=policy.device)
     model.eval()
     adapted = _probe_logits(model, ids)

@@ -97,7 +97,10 @@ def place(policy: Policy, compute: ComputeParams | None) -> Policy:
         model.set_attn_implementation(compute.attn_implementation)
     if compute.gradient_checkpointing:
         # non-reentrant: works with frozen inputs (LoRA) and with our partial-logits forward
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy.model = model.to(device)
     policy.dtype = dev.DTYPES[compute.dtype]
     return policy
