@@ -363,3 +363,42 @@ def test_free_generation_trains_with_an_invalid_action_penalty(lake_pool, texts)
     # alike, so every group is flat and nothing is trained (no signal, reported as such)
     assert hist[0]["invalid_rate"] == 1.0 and hist[0]["zero_var_groups"] == 1.0 and hist[0]["trained_tokens"] == 0
     assert hist[0]["response_tokens"] == 4  # replies ran to the budget
+
+
+def test_rollout_mismatch_and_truncated_importance_weights_by_hand():
+    # 4 reply tokens; the rollout engine's log-probs vs the trainer's recomputation differ by
+    # +0.5, -0.2, 0, +2 nats: pi_trainer / pi_rollout = e^0.5, e^-0.2, 1, e^2, capped at 2 by TIS
+    batch = fixed_batch([3, 1], [1.0, -1.0])
+    batch.old_logp[batch.loss_mask] = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    trainer_logp = batch.old_logp.clone()
+    trainer_logp[batch.loss_mask] += torch.tensor([0.5, -0.2, 0.0, 2.0])
+    weight, stats = trainer.rollout_mismatch(batch, trainer_logp, tis_cap=2.0)
+    assert weight.tolist() == pytest.approx([math.exp(0.5), math.exp(-0.2), 1.0, 2.0], abs=1e-6)
+    assert stats["mismatch/abs_logp_diff"] == pytest.approx((0.5 + 0.2 + 0 + 2) / 4, abs=1e-6)
+    assert stats["mismatch/max_abs_logp_diff"] == pytest.approx(2.0, abs=1e-6)
+    k3 = [math.exp(d) - 1 - d for d in (0.5, -0.2, 0.0, 2.0)]
+    assert stats["mismatch/k3_kl"] == pytest.approx(sum(k3) / 4, abs=1e-6)
+    assert stats["mismatch/tis_clipped_frac"] == pytest.approx(0.25)
+    assert stats["mismatch/tis_weight_mean"] == pytest.approx((math.exp(0.5) + math.exp(-0.2) + 1 + 2) / 4, abs=1e-6)
+    off, stats = trainer.rollout_mismatch(batch, trainer_logp, tis_cap=None)  # TIS off: weights 1, still measured
+    assert off.tolist() == [1.0] * 4 and "mismatch/tis_weight_mean" not in stats
+
+
+def test_prepare_recomputes_old_logprobs_and_weights_advantages_when_the_rollout_came_from_elsewhere(lake_pool, texts):
+    # episodes as if another engine had sampled them 0.3 nats likelier than the trainer scores them:
+    # old log-probs become the trainer's, the mismatch is measured, and TIS scales every advantage by
+    # e^-0.3 (under the cap) against the same batch prepared without recomputation
+    tasks, tasks_dir = lake_pool
+    pol = policy(texts)
+    p = RLParams(tasks_per_iter=3, group_size=4, max_turns=6, truncation_penalty=-0.1, kl_coef=0.0, tis_cap=2.0)
+    eps, _, _ = trainer.collect(pol, tasks, tasks_dir, p, random.Random(0), seed=0)
+    plain, _, _, none = trainer.prepare(pol, None, None, eps, p)
+    assert none == {}
+    for ep in eps:
+        for turn in ep.turns:
+            turn.logprobs = [lp + 0.3 for lp in turn.logprobs]
+    batch, _, _, stats = trainer.prepare(pol, None, None, eps, p, recompute=True)
+    assert stats["mismatch/abs_logp_diff"] == pytest.approx(0.3, abs=1e-4)
+    assert stats["mismatch/tis_weight_mean"] == pytest.approx(math.exp(-0.3), abs=1e-4)
+    assert torch.allclose(batch.flat(batch.old_logp), plain.flat(plain.old_logp), atol=1e-5)
+    assert torch.allclose(batch.flat(batch.advantages), plain.flat(plain.advantages) * math.exp(-0.3), atol=1e-5)
