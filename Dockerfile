@@ -10,9 +10,20 @@ WORKDIR /app
 COPY . .
 # Pass --build-arg TORCH_INDEX_URL=<PyTorch's CPU wheel index> for a small CPU-only image;
 # by default pip takes torch 2.13.0 from PyPI. Everything else comes from pyproject.toml.
+# GPU image: --build-arg TORCH_VARIANT=cu128 (or cu126, cu130, ...): torch's CUDA build from PyTorch's
+# wheel index (the CUDA libraries come in the wheels, the driver from the host: NVIDIA Container Toolkit).
+#   docker build --build-arg TORCH_VARIANT=cu128 -t agentkiln:gpu .
+#   docker run --rm --gpus all --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+#     -v /models:/models:ro -v "$PWD/out:/app/reports" agentkiln:gpu sh -c "python scripts/apply_profile.py \
+#     profiles/gpu-qwen2.5.yaml --set sft.model.source=/models/Qwen2.5-0.5B-Instruct && python -m flows.pipeline"
+# (vLLM rollouts need their own environment: scripts/install_vllm.sh; not in this image.)
 ARG TORCH_INDEX_URL=""
-RUN pip install --no-cache-dir torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
-    && pip install --no-cache-dir -e .
+ARG TORCH_VARIANT=""
+RUN index="${TORCH_INDEX_URL:-${TORCH_VARIANT:+https://download.pytorch.org/whl/$TORCH_VARIANT}}" \
+    && pip install --no-cache-dir torch==2.13.0 ${index:+--index-url "$index"} \
+    && pip install --no-cache-dir -e . \
+    && case "$TORCH_VARIANT" in cu*) python -c "import torch, sys; sys.exit(torch.version.cuda is None and \
+       'TORCH_VARIANT=$TORCH_VARIANT installed a torch without CUDA: ' + torch.__version__)";; esac
 ENV MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # DVC needs a git repository; a build context copied without .git gets a fresh one.
