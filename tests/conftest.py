@@ -34,6 +34,20 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_TMP, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests run where torch sees a CUDA device and are skipped, saying so, elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="gpu: needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 # --------------------------------------------------------------------------- shared fixtures
 import pytest  # noqa: E402
 
