@@ -250,3 +250,24 @@ def test_requests_of_every_kind_in_one_call_get_their_own_logprobs(rollout, trai
     assert wide_out["ids"][0] in wide and len(wide_out["score"][0]) >= 128
     assert narrow["ids"][0] in wide[:5] and len(narrow["score"][0]) == 5
     assert abs(sum(math.exp(x) for x in narrow["score"][0]) - 1) < 1e-5  # the whole masked distribution
+
+
+def test_rl_trains_on_vllm_rollouts_synced_every_iteration_with_the_mismatch_logged(rollout, trained, lake_pool):
+    """train_rl with the vLLM backend: every iteration syncs the trainer's new weights first (so the
+    behaviour policy is the current one: the recomputed log-probs agree to LP_TOL), logs the
+    rollout/trainer mismatch and, with tis_cap, its truncated importance weights (~1 here)."""
+    from agentkiln.config import RLParams
+    from agentkiln.trainers.rl import train_rl
+
+    tasks, tasks_dir = lake_pool
+    pol = copy.deepcopy(trained)
+    p = RLParams(algorithm="grpo", iterations=3, tasks_per_iter=3, group_size=4, max_turns=6, lr=1e-2,
+                 truncation_penalty=-0.1, kl_coef=0.0, minibatch_size=6, tis_cap=2.0, checkpoint_every=0)
+    try:
+        hist = train_rl(pol, None, tasks, tasks_dir, p, seed=0, rollout=rollout)
+    finally:
+        rollout.sync(trained)  # the module's engine goes back to the fixture's weights
+    assert [h["iteration"] for h in hist] == [1, 2, 3]
+    assert all(h["mismatch/max_abs_logp_diff"] < LP_TOL for h in hist)  # synced: same policy, both engines
+    assert all(abs(h["mismatch/tis_weight_mean"] - 1) < LP_TOL and h["mismatch/tis_clipped_frac"] == 0 for h in hist)
+    assert any(not torch.equal(a, b) for a, b in zip(pol.model.parameters(), trained.model.parameters()))
