@@ -3,6 +3,10 @@ chat model), trained on the expert's whole episodes, loss on the agent's reply t
 
 A killed stage resumes after its last finished epoch (models/checkpoints/sft) when run again with the
 same params, seed, thread count, data and starting model; the checkpoint is removed once it finishes.
+
+With `compute.backend: deepspeed` the stage builds the policy on the CPU, launches
+`compute.deepspeed.num_procs` data-parallel ranks (trainers.distributed) and waits: rank 0 relays the
+per-epoch metrics, writes the checkpoints and saves the model (adapter and checked merge included).
 """
 
 from __future__ import annotations
@@ -12,13 +16,13 @@ from pathlib import Path
 from agentkiln.config import Params
 from agentkiln.envs import env_class
 from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, lora, observation_text, save_policy
-from agentkiln.policy.model import Policy
+from agentkiln.policy.model import Policy, place
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import render
 from agentkiln.schemas import load_expert_trajectories
 from agentkiln.stages.common import expert_episodes
-from agentkiln.trainers import checkpoint
-from agentkiln.trainers.supervised import OptimConfig, train_supervised
+from agentkiln.trainers import checkpoint, distributed
+from agentkiln.trainers.supervised import OptimConfig, train_supervised, train_supervised_ranks
 
 
 def optim_config(p) -> OptimConfig:
@@ -49,27 +53,39 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
     fmt = AgentFormat(**params.sft.agent.model_dump())
     demos = expert_episodes(df[df["split"] == "sft"])
     model = params.sft.model
+    ranks = params.compute.backend == "deepspeed"
+    if ranks:
+        distributed.plan(params.compute)  # a setting this machine cannot honour stops the run before any work
+    compute = distributed.parent_compute(params.compute) if ranks else params.compute
     if model.source == "scratch":
         # vocabulary from every training-pool text (sft + rl); the test panel stays unseen
         policy = build_scratch_policy(model, corpus(fmt, expert_episodes(df)), fmt, seed=params.seed,
-                                      compute=params.compute)
+                                      compute=compute)
     else:
         policy = load_policy(model.source, fmt, context=model.max_context, probe=corpus(fmt, demos[:8]),
-                             compute=params.compute)
+                             compute=compute)
     if params.sft.lora.enabled:
         lora.add_lora(policy, params.sft.lora, seed=params.seed)
     episodes = render_all(policy, demos)
     key = ""
     if ckpt_dir:
-        key = checkpoint.fingerprint("sft", params.sft.model_dump(), params.compute.model_dump(), params.seed,
+        # the rendezvous port does not change what a run computes: a resumed run may use another one
+        compute_key = params.compute.model_dump(exclude={"deepspeed": {"master_port"}} if ranks else None)
+        key = checkpoint.fingerprint("sft", params.sft.model_dump(), compute_key, params.seed,
                                      params.torch_threads,
                                      files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)]))
-    history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log, desc="sft",
-                               ckpt_dir=ckpt_dir, ckpt_key=key)
-    merged = lora.merge(policy, out_dir) if lora.has_lora(policy) else None
-    save_policy(policy, out_dir)
-    if ckpt_dir:
-        checkpoint.clear(ckpt_dir)
+    if ranks:
+        job = {"policy": policy, "episodes": episodes, "cfg": optim_config(params.sft), "seed": params.seed,
+               "out_dir": Path(out_dir), "ckpt_dir": ckpt_dir and Path(ckpt_dir), "ckpt_key": key}
+        done = distributed.launch(_sft_rank, job, params.compute, log=log)
+        history, merged = done["history"], done["merged"]
+    else:
+        history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log, desc="sft",
+                                   ckpt_dir=ckpt_dir, ckpt_key=key)
+        merged = lora.merge(policy, out_dir) if lora.has_lora(policy) else None
+        save_policy(policy, out_dir)
+        if ckpt_dir:
+            checkpoint.clear(ckpt_dir)
     return {
         "n_params": policy.n_params(),
         "vocab_size": len(policy.tokenizer),
@@ -82,3 +98,21 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         "final_token_acc": history[-1]["token_acc"],
         **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),
     }
+
+
+def _sft_rank(rank: distributed.Rank, job: dict) -> dict | None:
+    """One DeepSpeed rank of the SFT stage: train its share; rank 0 then saves the model from a fresh
+    unsharded copy of the starting policy loaded with the final weights, and removes the checkpoint."""
+    policy = place(job["policy"], rank.compute)
+    history, weights = train_supervised_ranks(rank, policy, job["episodes"], job["cfg"], seed=job["seed"], desc="sft",
+                                              ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"])
+    if not rank.main:
+        return None
+    final = rank.job()["policy"]
+    final.model.load_state_dict(weights)
+    final.model.eval()
+    merged = lora.merge(final, job["out_dir"]) if lora.has_lora(final) else None
+    save_policy(final, job["out_dir"])
+    if job["ckpt_dir"]:
+        checkpoint.clear(job["ckpt_dir"])
+    return {"history": history, "merged": merged}

@@ -8,6 +8,10 @@ With a checkpoint directory, every epoch ends with a resumable checkpoint (weigh
 schedule, the minibatch order's generator, the process RNGs, the history): a run killed mid-way and
 started again with the same inputs continues after its last finished epoch and ends with the very
 weights an uninterrupted run ends with.
+
+`train_supervised_ranks` is the same training as data-parallel DeepSpeed ranks (compute.backend:
+deepspeed; trainers.distributed launches them): the same minibatches, each rank the rows of its share,
+the same per-epoch loss curve to float rounding (tests/test_deepspeed.py).
 """
 
 from __future__ import annotations
@@ -118,6 +122,77 @@ def train_supervised(
                             gen=gen)
     model.eval()
     return history
+
+
+def train_supervised_ranks(
+    rank,
+    policy: Policy,
+    episodes: list[Episode],
+    cfg: OptimConfig,
+    seed: int,
+    desc: str = "sft",
+    ckpt_dir: Path | None = None,
+    ckpt_key: str = "",
+) -> tuple[list[dict], dict | None]:
+    """`train_supervised` as one of the data-parallel DeepSpeed ranks (trainers.distributed; every rank
+    calls it). Every rank draws the same minibatches in the same order and runs the forward and
+    backward of its share of each one's rows; its loss (summed reply-token NLL) is scaled by
+    world / the minibatch's reply tokens, so the gradient DeepSpeed averages over ranks is exactly the
+    token-mean gradient of the whole minibatch. Then the same global-norm clipping, AdamW (its state
+    sharded by ZeRO) and warmup-cosine schedule. Rank 0 alone logs (`rank.log`) and writes the
+    checkpoints (one file: full weights, every rank's optimizer shard, schedule, order generator,
+    history). Returns the history and, on rank 0, the final weights as a CPU state dict."""
+    from agentkiln.trainers import distributed
+
+    batch = sft_batch(policy, episodes)
+    if not batch.rows:
+        raise ValueError(f"{desc}: no training episodes")
+    gen = torch.Generator().manual_seed(seed)
+    state = checkpoint.load(ckpt_dir, ckpt_key, gen=gen) if ckpt_dir else None  # every rank reads it
+    if state is not None:
+        policy.model.load_state_dict(state["model"])  # before ZeRO-3 shards the weights
+    opt = torch.optim.AdamW(policy.trainable(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(batch.rows / cfg.batch_size)
+    # on the client optimizer: ZeRO keeps its param_group dicts, so the schedule's lr reaches AdamW
+    sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * steps_per_epoch)
+    engine = distributed.engine(rank, policy.model, opt, cfg.max_grad_norm)
+    lengths = batch.attention_mask.sum(1).tolist()
+    history, start = [], 0
+    if state is not None:
+        distributed.load_optimizer_shards(engine, state["opt"])
+        sched.load_state_dict(state["sched"])
+        start, history = state["done"], state["history"]
+        if rank.main:
+            print(f"{desc}: resumed from {ckpt_dir} after epoch {start}")
+        for row in history:  # the new tracking run gets the history again, as on one process
+            rank.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, row["epoch"])
+    for epoch in range(start, cfg.epochs):
+        engine.train()
+        nll, tot_tok, correct = 0.0, 0, 0
+        for rows in length_grouped(lengths, cfg.batch_size, gen):
+            mine, active = distributed.share(rows, rank)
+            n = int(batch.loss_mask[rows].sum())
+            with policy.autocast():
+                logp, _ = engine(token_logprobs, batch.select(mine), with_entropy=False)
+            engine.backward(-logp.sum() * (rank.world / n if active else 0.0))
+            engine.step()  # clips by the global norm over every rank's gradient shard, then AdamW
+            sched.step()
+            if active:
+                nll -= float(logp.detach().double().sum())
+                correct += int((logp > math.log(0.5)).sum())
+            tot_tok += n
+        nll, correct = distributed.all_sum([nll, float(correct)], rank)
+        row = {"epoch": epoch + 1, "loss": nll / tot_tok, "token_acc": correct / tot_tok, "lr": sched.get_last_lr()[0]}
+        history.append(row)
+        rank.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, epoch + 1)
+        if ckpt_dir:
+            shards = distributed.optimizer_shards(rank, engine)
+            weights = distributed.full_state_dict(rank, engine, policy.model)
+            if rank.main:
+                checkpoint.save(ckpt_dir, ckpt_key, {"model": weights, "opt": shards, "sched": sched.state_dict(),
+                                                     "done": epoch + 1, "history": history}, gen=gen)
+    engine.eval()
+    return history, distributed.full_state_dict(rank, engine, policy.model)
 
 
 def resume(state: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, ckpt_dir: Path, desc: str,

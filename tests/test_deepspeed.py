@@ -1,0 +1,230 @@
+"""DeepSpeed ranks for real (compute.backend: deepspeed): 2 ZeRO-2 processes over gloo on the CPU,
+launched by the SFT stage itself; no mocks.
+
+- The data-parallel SFT run gives the single-process trainer's per-epoch loss curve (every rank takes
+  its share of each minibatch, its loss weighted so the averaged gradient is the minibatch's): same
+  minibatches, same clipping, schedule and AdamW, to float rounding (REL_TOL, measured ~1e-7).
+- It is SIGTERMed after its first checkpoint (as a stage under DVC: `lifecycle.handle_signals`):
+  the stage and every rank are gone; run again, it resumes after that epoch and ends on the curve.
+- Rank 0 alone logs (one row per epoch), writes the checkpoint and the model; the model loads and
+  has the single-process run's weights (to WEIGHT_TOL).
+- A rank that raises stops the stage with that rank's traceback, its peer (stuck in a collective)
+  stopped too.
+
+Timings on 2 cores: each launch ~10 s (two interpreters importing torch + deepspeed), 20-45 s while
+the machine is busy; the whole file ~55 s idle. Nothing is JIT-compiled (trainers.distributed keeps
+DeepSpeed from building its shm comm op, ~2.7 min otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+MIX = {"frozenlake_easy": 1.0}
+MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "vocab_size": 400,
+         "max_context": 1024}
+# 7 episodes in minibatches of 3: shares of 2+1 rows, and a 1-row minibatch where rank 1 idles
+SFT = {"epochs": 3, "batch_size": 3, "warmup_steps": 2, "lr": 0.01, "model": MODEL}
+REL_TOL = 1e-5  # per-epoch loss, relative (fp32; summation order differs between 1 and 2 processes)
+WEIGHT_TOL = 1e-4  # final weights, max |difference|
+
+RUNNER = """
+import sys
+from pathlib import Path
+from agentkiln import lifecycle
+from agentkiln.config import load_params
+from agentkiln.stages.common import seed_everything
+from agentkiln.stages.sft import run_sft
+lifecycle.handle_signals()  # as a flow does: SIGTERM raises Terminated in the main thread
+root, params_file = Path(sys.argv[1]), sys.argv[2]
+params = load_params(params_file)
+seed_everything(params.seed, params.torch_threads)
+run_sft(params, root / "tasks", root / "killed" / "model", ckpt_dir=root / "killed" / "ckpt")
+print("FINISHED")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ds_params(port: int, **over):
+    from tests.conftest import params_with
+
+    return params_with({"torch_threads": 2, "sft": SFT,
+                        "compute": {"device": "cpu", "backend": "deepspeed",
+                                    "deepspeed": {"num_procs": 2, "zero_stage": 2, "master_port": port, **over}}})
+
+
+def sft(params, root: Path, out: Path, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
+    from agentkiln.stages.common import seed_everything
+    from agentkiln.stages.sft import run_sft
+
+    rows = []
+    seed_everything(params.seed, params.torch_threads)
+    metrics = run_sft(params, root / "tasks", out, log=lambda row, step: rows.append({"step": step, **row}),
+                      ckpt_dir=ckpt)
+    return metrics, rows
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Tiny frozenlake splits and the single-process SFT run (its metrics, log rows, saved model)."""
+    from tests.conftest import params_with, tiny_dataset
+
+    root = tmp_path_factory.mktemp("ds")
+    tiny_dataset(root / "tasks", {"sft": MIX, "rl": MIX, "test": MIX}, n={"sft": 7, "rl": 2, "test": 2})
+    metrics, rows = sft(params_with({"torch_threads": 2, "sft": SFT}), root, root / "single")
+    return root, metrics, rows
+
+
+def alive(pids: list[int]) -> list[int]:
+    from agentkiln.lifecycle import _stat
+
+    return [p for p in pids if (s := _stat(p)) is not None and s[0] != "Z"]
+
+
+def test_zero2_ranks_follow_the_single_process_curve_resume_after_sigterm_and_rank0_alone_writes(world, tmp_path,
+                                                                                                  capfd):
+    from agentkiln.lifecycle import children
+    from agentkiln.policy import load_policy
+
+    root, want, want_rows = world
+    params = ds_params(free_port())
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
+
+    # the stage, for real, SIGTERMed while rank 0 pauses after writing the first epoch's checkpoint
+    killed = root / "killed"
+    log = tmp_path / "killed.log"
+    env = os.environ | {"AGENTKILN_PAUSE_AFTER_CHECKPOINT": "120", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1] / "src"), str(Path(__file__).resolve().parents[1])])}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(root), str(params_file)], env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    while "pausing" not in log.read_text() and proc.poll() is None and time.monotonic() - t0 < 240:
+        time.sleep(0.1)
+    ranks = children(proc.pid)
+    assert proc.poll() is None and len(ranks) >= 2, log.read_text()[-3000:]  # 2 ranks (+ mp's resource tracker)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    out = log.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM and "FINISHED" not in out, out[-3000:]
+    deadline = time.monotonic() + 10
+    while alive(ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(ranks), f"ranks outlived the stage: {alive(ranks)}"
+    ckpt = killed / "ckpt"
+    assert (ckpt / "state.pt").is_file() and not (killed / "model").exists()
+    print(f"killed run: {time.monotonic() - t0:.1f} s")
+
+    # run again (another port: it is not part of the run's identity): resumes after epoch 1
+    t0 = time.monotonic()
+    params = ds_params(free_port())
+    got, rows = sft(params, root, killed / "model", ckpt)
+    printed = capfd.readouterr().out
+    assert f"sft: resumed from {ckpt} after epoch 1" in printed, printed[-3000:]
+    assert not ckpt.exists()  # removed by rank 0 once the model is saved
+    print(f"resumed run: {time.monotonic() - t0:.1f} s")
+
+    # one row per epoch: rank 0 alone logs (the resumed run logs the checkpoint's epoch 1 again)
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["step"] for r in want_rows] == [1, 2, 3]
+    rel = max(abs(a["sft/loss"] - b["sft/loss"]) / b["sft/loss"] for a, b in zip(rows, want_rows))
+    print(f"max relative per-epoch loss difference, 2-rank ZeRO-2 vs single: {rel:.2e}")
+    assert rel < REL_TOL, (rows, want_rows)
+    assert all(abs(a["sft/token_acc"] - b["sft/token_acc"]) < 1e-9 and a["sft/lr"] == pytest.approx(b["sft/lr"])
+               for a, b in zip(rows, want_rows))
+    assert got["n_params"] == want["n_params"] and got["n_episodes"] == want["n_episodes"] == 7
+    assert got["final_loss"] == pytest.approx(want["final_loss"], rel=REL_TOL)
+
+    # the model rank 0 saved loads (its manifest checks every file) and has the single run's weights
+    model_dir = killed / "model"
+    assert sorted(p.name for p in model_dir.iterdir()) == sorted(p.name for p in (root / "single").iterdir())
+    a, b = load_policy(model_dir).model.state_dict(), load_policy(root / "single").model.state_dict()
+    diff = max(float((a[k] - b[k]).abs().max()) for k in b)
+    print(f"max |weight difference|: {diff:.2e}")
+    assert diff < WEIGHT_TOL
+
+
+# big enough that ZeRO-3 really shards weights: the tied embedding / LM head (373 x 288) and the MLP
+# are over DeepSpeed's persistence threshold (1e5 elements); smaller ones stay whole on every rank
+WIDE = MODEL | {"hidden_size": 288, "intermediate_size": 576}
+REL_TOL_WIDE = 1e-4  # its steps move the loss more, so rounding differences grow (measured 5e-6 .. 1e-5)
+
+
+@pytest.mark.slow
+def test_zero3_with_cpu_offload_follows_the_single_process_curve(world, tmp_path):
+    from agentkiln.policy import load_policy
+    from tests.conftest import params_with
+
+    root = world[0]
+    wide = {"torch_threads": 2, "sft": SFT | {"model": WIDE}}
+    _, want = sft(params_with(wide), root, tmp_path / "single")
+    params = ds_params(free_port(), zero_stage=3, offload_optimizer=True, offload_params=True)
+    t0 = time.monotonic()
+    _, rows = sft(params.model_copy(update={"sft": params_with(wide).sft}), root, tmp_path / "ds")
+    print(f"ZeRO-3 + offload run: {time.monotonic() - t0:.1f} s")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    rel = max(abs(a["sft/loss"] - b["sft/loss"]) / b["sft/loss"] for a, b in zip(rows, want))
+    print(f"max relative per-epoch loss difference, 2-rank ZeRO-3 + offload vs single: {rel:.2e}")
+    assert rel < REL_TOL_WIDE, (rows, want)
+    # rank 0 gathered the sharded weights into a whole model
+    a, b = load_policy(tmp_path / "ds").model.state_dict(), load_policy(tmp_path / "single").model.state_dict()
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in b)
+
+
+def _rank1_fails(rank, job):
+    """A job whose rank 1 raises while rank 0 waits for it in a collective."""
+    if rank.rank == 1:
+        raise ValueError(f"boom on rank {rank.rank}: {job}")
+    torch.distributed.barrier()
+
+
+def test_a_failing_rank_stops_the_stage_with_its_traceback():
+    from agentkiln.config import ComputeParams
+    from agentkiln.lifecycle import children
+    from agentkiln.trainers.distributed import RankError, launch
+
+    compute = ComputeParams(device="cpu", backend="deepspeed", deepspeed={"num_procs": 2, "master_port": free_port()})
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as err:
+        launch(_rank1_fails, "the job", compute)
+    msg = str(err.value)
+    assert "deepspeed rank 1 of 2 failed" in msg and "ValueError: boom on rank 1: the job" in msg
+    assert "in _rank1_fails" in msg  # the rank's own traceback
+    assert not [p for p in children() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+    print(f"failure surfaced in {time.monotonic() - t0:.1f} s")
+
+
+def test_settings_this_machine_cannot_honour_stop_the_run_by_name():
+    from agentkiln.config import ComputeParams
+    from agentkiln.trainers.distributed import plan
+
+    def compute(**kw):
+        return ComputeParams(backend="deepspeed", **kw)
+
+    with pytest.raises(ValueError, match="comm_backend = nccl needs CUDA ranks"):
+        plan(compute(device="cpu", deepspeed={"comm_backend": "nccl"}))
+    with pytest.raises(ValueError, match="offload_params = true needs zero_stage 3"):
+        plan(compute(device="cpu", deepspeed={"offload_params": True}))
+    with pytest.raises(ValueError, match="compute.device = cuda:1 .*num_procs = 2"):
+        plan(compute(device="cuda:1"))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="compute.device = cuda: torch sees no CUDA device"):
+            plan(compute(device="cuda"))
+    else:
+        with pytest.raises(ValueError, match="num_procs = 4096: one rank per GPU"):
+            plan(compute(device="cuda", deepspeed={"num_procs": 4096}))
+    assert plan(compute(device="cpu")) == ("cpu", "gloo")
