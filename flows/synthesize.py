@@ -3,7 +3,7 @@ then a Great Expectations checkpoint on the result (HTML data docs in reports/da
 
 from prefect import flow
 
-from agentkiln import paths, tracking
+from agentkiln import fanout, paths, tracking
 from agentkiln.config import Params
 from flows._stage import run_flow, stage_context
 from tasks.synthesize import checkpoint_task, synthesize_task
@@ -12,7 +12,8 @@ from tasks.synthesize import checkpoint_task, synthesize_task
 @flow(name="synthesize", log_prints=True)
 def synthesize_flow(params: Params) -> dict:
     with stage_context("synthesize", params, params.synthesize.model_dump()):
-        summary = synthesize_task(params.synthesize, paths.TASKS)
+        with fanout.session(params.compute.ray):  # workers as Ray tasks when enabled: the same bytes
+            summary = synthesize_task(params.synthesize, paths.TASKS)
         tracking.log_metrics(summary)
         checks = checkpoint_task(params.synthesize, paths.TASKS, paths.DATA_DOCS)
         tracking.log_metrics({"data_checks_evaluated": checks["evaluated"]})

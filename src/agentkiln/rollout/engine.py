@@ -3,6 +3,9 @@
 With `group_size=G` each task is played G times from the same initial state (the group that
 GRPO-style advantages compare). Episodes are played in chunks of the agent's `batch_size` (one KV
 cache per chunk); the order of the returned episodes is the order of `tasks`, G per task.
+
+Inside an enabled `fanout.session` a chunk's environments live in Ray actors that step them in
+parallel (`fanout.RemoteEnvs`); otherwise in this process. The agent and the episodes are the same.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from agentkiln.envs import TaskSpec, make
+from agentkiln import fanout
+from agentkiln.envs import Env, Observation, StepResult, TaskSpec, make
 from agentkiln.policy.prompt import parse_reply
 from agentkiln.rollout.episode import Episode, Turn
 
@@ -28,28 +32,72 @@ def run_episodes(agent, tasks: list[TaskSpec], tasks_dir: str | Path, max_turns:
     return episodes
 
 
+class LocalEnvs:
+    """The environments of one chunk in this process (the interface of `fanout.RemoteEnvs`): `views`
+    (what the agent is given), `first` (each one's first observation, goal and turn limit), `step`, `close`."""
+
+    def __init__(self, tasks: list[TaskSpec], tasks_dir, max_turns: int | None):
+        self.views: list[Env] = []
+        self.first: list[tuple[Observation, str, int]] = []
+        for task in tasks:
+            env = make(task, tasks_dir, max_turns=max_turns)
+            obs = env.reset()
+            self.views.append(env)
+            self.first.append((obs, env.goal, env.max_turns))
+        self.open = set(range(len(tasks)))
+
+    def step(self, actions: dict[int, str], close: list[int]) -> dict[int, StepResult]:
+        out = {}
+        for i, action in actions.items():
+            out[i] = res = self.views[i].step(action)
+            if res.done:
+                self._close(i)
+        for i in close:
+            self._close(i)
+        return out
+
+    def _close(self, i: int) -> None:
+        self.open.discard(i)
+        self.views[i].close()
+
+    def close(self) -> None:
+        for i in list(self.open):
+            self._close(i)
+
+
 def _play(agent, episodes: list[Episode], tasks: list[TaskSpec], tasks_dir, max_turns: int | None, bar) -> None:
-    envs = []
-    for ep, task in zip(episodes, tasks):
-        env = make(task, tasks_dir, max_turns=max_turns)
-        obs = env.reset()
-        ep.goal, ep.max_turns = env.goal, env.max_turns
+    envs = (fanout.RemoteEnvs if fanout.active() else LocalEnvs)(tasks, tasks_dir, max_turns)
+    try:
+        _lockstep(agent, episodes, envs, bar)
+    finally:
+        envs.close()
+
+
+def _lockstep(agent, episodes: list[Episode], envs, bar) -> None:
+    for ep, (obs, goal, max_turns) in zip(episodes, envs.first):
+        ep.goal, ep.max_turns = goal, max_turns
         ep.turns.append(Turn(obs.text, obs.admissible, obs.anchor))
-        envs.append(env)
     if hasattr(agent, "begin"):
         agent.begin(episodes)
     active = list(range(len(episodes)))
     while active:
-        replies = agent.act([episodes[i] for i in active], [envs[i] for i in active])
-        still = []
+        replies = agent.act([episodes[i] for i in active], [envs.views[i] for i in active])
+        actions, cut = {}, []
         for i, reply in zip(active, replies):
-            ep, env, turn = episodes[i], envs[i], episodes[i].turns[-1]
+            ep, turn = episodes[i], episodes[i].turns[-1]
             if reply is None:  # the latest observation no longer fits the context window
                 ep.turns.pop()
                 ep.cut = True
+                cut.append(i)
             else:
                 turn.reply, turn.action = reply, parse_reply(reply)
-                res = env.step(turn.action)
+                actions[i] = turn.action
+        results = envs.step(actions, cut)  # every environment of the turn at once (in parallel on Ray)
+        still = []
+        for i in active:
+            ep = episodes[i]
+            if i in results:
+                res, turn = results[i], ep.turns[-1]
                 turn.reward, turn.invalid = res.reward, bool(res.info["invalid"])
                 turn.tool_error = bool(res.info.get("tool_error", False))
                 if not res.done:
@@ -58,6 +106,5 @@ def _play(agent, episodes: list[Episode], tasks: list[TaskSpec], tasks_dir, max_
                     still.append(i)
                     continue
                 ep.won = bool(res.info["won"])
-            env.close()
             bar.update(1)
         active = still

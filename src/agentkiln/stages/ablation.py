@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from agentkiln import paths
+from agentkiln import fanout, paths
 from agentkiln.config import Params
 from agentkiln.evaluate.harness import outcomes, play
 from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
@@ -92,8 +92,10 @@ def run_job(params: Params, arm: str, seed: int, tasks_dir: Path, threads: int |
     return won, curve, time.perf_counter() - start
 
 
+@fanout.in_session
 def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=None) -> dict:
-    """Run every arm x seed (`ablation.workers` at a time, one torch thread each when more than one);
+    """Run every arm x seed (`ablation.workers` at a time, one torch thread each when more than one;
+    on Ray: tasks of one CPU and one thread each, as many at a time as the cluster has CPUs);
     write reports/ablation.{json,md,png}. `log_run(arm, seed, metrics, curve)` records each run."""
     from agentkiln.evaluate.ablation_report import write_ablation_reports
 
@@ -104,13 +106,15 @@ def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=Non
                                f"ablation: {a.init} on {a.panel}")
     jobs = [(arm, seed) for arm in a.arms for seed in a.seeds]
     results: dict[tuple[str, int], tuple] = {}
-    if a.workers == 1:
+    if a.workers == 1 and not fanout.active():
         for arm, seed in jobs:
             results[arm, seed] = run_job(params, arm, seed, tasks_dir)
             _report_job(arm, seed, results[arm, seed], a.panel, log_run)
     else:
-        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-        with ProcessPoolExecutor(a.workers, mp_context=ctx) as ex:
+        # spawn: fresh interpreters, no forked torch thread pools; jobs are self-contained either way
+        pool = fanout.RayExecutor() if fanout.active() else ProcessPoolExecutor(
+            a.workers, mp_context=multiprocessing.get_context("spawn"))
+        with pool as ex:
             futures = {ex.submit(run_job, params, arm, seed, tasks_dir, 1): (arm, seed) for arm, seed in jobs}
             for fut in as_completed(futures):
                 arm, seed = futures[fut]

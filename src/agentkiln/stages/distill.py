@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from agentkiln import fanout
 from agentkiln.config import ComputeParams, DistillParams, Params
 from agentkiln.policy import Policy, load_policy, save_policy
 from agentkiln.policy.model import build_scratch_model, place
@@ -52,6 +53,7 @@ def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, s
     return run_episodes(agent, pool, tasks_dir, p.max_turns, group_size=p.samples_per_task, progress="teacher rollouts")
 
 
+@fanout.in_session
 def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Path, log=None,
                 ckpt_dir: Path | None = None) -> dict:
     p = params.distill

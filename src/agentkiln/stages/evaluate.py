@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agentkiln import fanout
 from agentkiln.config import Params
 from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
 from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, success_rates
@@ -52,6 +53,7 @@ def pass_k_ks(samples: int) -> list[int]:
     return ks + ([samples] if ks[-1] != samples else [])
 
 
+@fanout.in_session
 def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], reports_dir: Path,
                  curves: dict[str, Path] | None = None) -> dict:
     p = params.evaluate

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from agentkiln import paths
+from agentkiln import fanout, paths
 from agentkiln.config import Params
 from agentkiln.policy import load_policy, lora, save_policy
 from agentkiln.rollout.backends import open_rollout
@@ -29,6 +29,7 @@ def write_curve(history: list[dict], curve_csv: Path) -> None:
             w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
 
 
+@fanout.in_session
 def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
            ckpt_dir: Path | None = None, log=None) -> dict:
     p = params.rl.stage(stage)

@@ -69,7 +69,8 @@ def _prune_games(out_dir: Path, keep: set[str]) -> None:
 
 def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -> dict:
     """Generate, verify and write every split under `out_dir`; return the summary.
-    Workers are spawned: a calling script needs the `if __name__ == "__main__":` guard."""
+    Workers are spawned (a calling script needs the `if __name__ == "__main__":` guard), or Ray tasks
+    inside an enabled `fanout.session`: the same bytes either way."""
     out_dir = Path(out_dir)
     splits = [s for s in SPLITS if s in params.splits]
     for split in splits:
@@ -99,10 +100,17 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
                            task_seed(sp.seed, sp.n_tasks, i, attempt), knobs[ttype], str(out_dir),
                            params.max_expert_steps)
 
-    # spawn: safe even when the caller has threads (Prefect runs tasks in a thread pool). Workers start
-    # with a fixed hash seed: TextWorld iterates sets while writing a game (fail events, the names it
-    # excludes), so with Python's random per-process seed the same params gave different .z8/.json bytes
-    pool = ProcessPoolExecutor(max_workers=params.workers, mp_context=multiprocessing.get_context("spawn"))
+    # imported here: loading params imports this package (the generators' checks), and only that
+    from agentkiln import fanout
+
+    # Workers start with a fixed hash seed: TextWorld iterates sets while writing a game (fail events,
+    # the names it excludes), so with Python's random per-process seed the same params gave different
+    # .z8/.json bytes. In a Ray session they are Ray tasks (the cluster's CPUs, not `workers`, bound
+    # them); else spawned processes: safe even when the caller has threads (Prefect's task runners)
+    if fanout.active():
+        pool = fanout.RayExecutor(env_vars={"PYTHONHASHSEED": WORKER_HASH_SEED})
+    else:
+        pool = ProcessPoolExecutor(max_workers=params.workers, mp_context=multiprocessing.get_context("spawn"))
     hash_seed = os.environ.get("PYTHONHASHSEED")
     os.environ["PYTHONHASHSEED"] = WORKER_HASH_SEED
     try:
