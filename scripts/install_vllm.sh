@@ -13,6 +13,10 @@
 # serialized by flock on $CACHE/vllm.lock: a second caller waits and returns when the first is done.
 # Prints the environment's python as its last line.
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 CACHE=${AGENTKILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentkiln}
 TARGET=${AGENTKILN_VLLM_TARGET:-}
 if [ -z "$TARGET" ]; then
