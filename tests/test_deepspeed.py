@@ -10,6 +10,10 @@ launched by the SFT stage itself; no mocks.
   has the single-process run's weights (to WEIGHT_TOL).
 - A rank that raises stops the stage with that rank's traceback, its peer (stuck in a collective)
   stopped too.
+- RL on ranks (GRPO, 2 iterations, KL to a frozen reference): rank 0 plays the rollouts and broadcasts
+  the batch, each rank takes its share of each minibatch; every rollout metric equals the single
+  process's, the update metrics (loss, KL, entropy, grad norm) follow it to RL_REL_TOL (measured
+  8e-7), the saved model loads with the single run's weights; PPO / ZeRO-3 / vLLM refused by name.
 
 Timings on 2 cores: each launch ~10 s (two interpreters importing torch + deepspeed), 20-45 s while
 the machine is busy; the whole file ~55 s idle. Nothing is JIT-compiled (trainers.distributed keeps
@@ -228,3 +232,73 @@ def test_settings_this_machine_cannot_honour_stop_the_run_by_name():
         with pytest.raises(ValueError, match="num_procs = 4096: one rank per GPU"):
             plan(compute(device="cuda", deepspeed={"num_procs": 4096}))
     assert plan(compute(device="cpu")) == ("cpu", "gloo")
+
+
+# --------------------------------------------------------------------------- RL on ranks (issue 14, part 3)
+# GRPO from the single-process SFT model: 2 tasks x 4 episodes, KL to a frozen reference, entropy
+# bonus, penalties so the groups' rewards vary; minibatches of 7 rows, so the 8-row batch of
+# iteration 1 leaves a 1-row minibatch where rank 1 joins the reduction with a zero-weight row
+RL = {"defaults": {"algorithm": "grpo", "iterations": 2, "episode_budget": None, "tasks_per_iter": 2, "group_size": 4,
+                   "max_turns": 6, "minibatch_size": 7, "micro_batch_size": None, "kl_coef": 0.05,
+                   "entropy_coef": 0.01, "truncation_penalty": -0.5, "invalid_penalty": -0.1, "checkpoint_every": 1},
+      "stages": {"s1": {"init": "sft"}}}
+RL_REL_TOL = 1e-5  # per-iteration loss / KL / entropy / grad norm, relative (measured <= 8e-7)
+
+
+def rl(params, root: Path, out: Path, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
+    from agentkiln.stages.common import seed_everything
+    from agentkiln.stages.rl import run_rl
+
+    rows = []
+    seed_everything(params.seed, params.torch_threads)
+    metrics = run_rl(params, "s1", root / "tasks", root / "single", out / "model", out / "reports",
+                     ckpt_dir=ckpt, log=lambda row, step: rows.append({"step": step, **row}))
+    return metrics, rows
+
+
+def test_rl_on_zero2_ranks_follows_the_single_process_curve_and_rank0_saves(world, tmp_path):
+    from agentkiln.policy import load_policy
+    from tests.conftest import params_with
+
+    root = world[0]
+    want, want_rows = rl(params_with({"torch_threads": 2, "sft": SFT, "rl": RL}), root, tmp_path / "single")
+    params = ds_params(free_port()).model_copy(update={"rl": params_with({"rl": RL}).rl})
+    t0 = time.monotonic()
+    got, rows = rl(params, root, tmp_path / "ds", tmp_path / "ckpt")
+    print(f"2-rank RL run: {time.monotonic() - t0:.1f} s")
+
+    # rank 0 alone logs, one row per iteration; both iterations trained
+    assert [r["step"] for r in rows] == [1, 2] == [r["step"] for r in want_rows]
+    assert all(r["rl/trained_tokens"] > 0 for r in want_rows)
+    # the rollouts (rank 0's, same seeds) and the batch are the single process's: metrics equal
+    update_keys = {"rl/loss", "rl/pg_loss", "rl/kl", "rl/entropy", "rl/grad_norm", "rl/ratio_mean", "rl/clip_frac"}
+    for a, b in zip(rows, want_rows):
+        assert a.keys() == b.keys()
+        assert {k: v for k, v in a.items() if k not in update_keys} == {k: v for k, v in b.items() if k not in update_keys}
+    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(rows, want_rows) for k in update_keys)
+    print(f"max relative per-iteration update-metric difference, 2-rank ZeRO-2 vs single: {rel:.2e}")
+    assert rel < RL_REL_TOL, (rows, want_rows)
+    assert {k: v for k, v in got.items()} == want
+    assert not (tmp_path / "ckpt").exists()  # written every iteration by rank 0, removed once the model is saved
+    curve = (tmp_path / "ds" / "reports" / "curve.csv").read_text().splitlines()
+    assert curve[0] == (tmp_path / "single" / "reports" / "curve.csv").read_text().splitlines()[0] and len(curve) == 3
+
+    # the model rank 0 saved loads and has the single run's weights
+    a, b = load_policy(tmp_path / "ds" / "model").model.state_dict(), load_policy(tmp_path / "single" / "model").model.state_dict()
+    diff = max(float((a[k] - b[k]).abs().max()) for k in b)
+    print(f"max |weight difference|: {diff:.2e}")
+    assert diff < WEIGHT_TOL
+
+
+def test_rl_on_ranks_refuses_what_it_does_not_do_by_name():
+    from agentkiln.config import ComputeParams, RLParams
+    from agentkiln.trainers.rl import check_ranks
+
+    compute = ComputeParams(device="cpu", backend="deepspeed")
+    check_ranks(RLParams(algorithm="grpo"), compute)
+    with pytest.raises(ValueError, match="algorithm = ppo with compute.backend = deepspeed"):
+        check_ranks(RLParams(algorithm="ppo"), compute)
+    with pytest.raises(ValueError, match="zero_stage = 3"):
+        check_ranks(RLParams(), ComputeParams(device="cpu", backend="deepspeed", deepspeed={"zero_stage": 3}))
+    with pytest.raises(ValueError, match="rollout.backend = vllm"):
+        check_ranks(RLParams(), ComputeParams(device="cpu", backend="deepspeed", rollout={"backend": "vllm"}))

@@ -3,6 +3,12 @@ save the model, the per-iteration curve and the pool's greedy success before and
 
 A killed stage resumes from its last checkpoint (models/checkpoints/rl/<stage>) when run again with
 the same params, starting model and pool; the checkpoint is removed once the stage finishes.
+
+With `compute.backend: deepspeed` the stage launches `compute.deepspeed.num_procs` data-parallel
+ZeRO-2 ranks (trainers.distributed, trainers.rl.train_rl_ranks): rank 0 plays the rollouts and
+broadcasts each iteration's batch, every rank trains on its share of each minibatch; rank 0 relays
+the metrics, writes the checkpoints, measures the pool after and saves the model (LoRA merged).
+PPO (critic), ZeRO-3 and vLLM rollouts are refused on ranks, naming the setting.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from agentkiln.config import Params
 from agentkiln.policy import load_policy, lora, save_policy
 from agentkiln.rollout.backends import open_rollout
 from agentkiln.stages.common import load_split
-from agentkiln.trainers import checkpoint
-from agentkiln.trainers.rl import greedy_success, train_rl
+from agentkiln.trainers import checkpoint, distributed
+from agentkiln.trainers.rl import check_ranks, greedy_success, rl_rank, train_rl
 
 
 def write_curve(history: list[dict], curve_csv: Path) -> None:
@@ -33,23 +39,37 @@ def write_curve(history: list[dict], curve_csv: Path) -> None:
 def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
            ckpt_dir: Path | None = None, log=None) -> dict:
     p = params.rl.stage(stage)
-    policy = load_policy(init_dir, compute=params.compute)
+    ranks = params.compute.backend == "deepspeed"
+    if ranks:  # a setting this machine or RL on ranks cannot honour stops the run before any work
+        distributed.plan(params.compute)
+        check_ranks(p, params.compute)
+    compute = distributed.parent_compute(params.compute) if ranks else params.compute
+    policy = load_policy(init_dir, compute=compute)
     # the KL reference: a frozen copy, or with LoRA the policy itself with its adapters off
-    ref = load_policy(init_dir, compute=params.compute) if p.kl_coef > 0 and not p.lora.enabled else None
+    ref = load_policy(init_dir, compute=compute) if p.kl_coef > 0 and not p.lora.enabled else None
     pool = load_split(tasks_dir, "rl")
-    key = checkpoint.fingerprint(stage, p.model_dump(), params.compute.model_dump(), params.seed,
+    # the rendezvous port does not change what a run computes: a resumed run may use another one
+    compute_key = params.compute.model_dump(exclude={"deepspeed": {"master_port"}} if ranks else None)
+    key = checkpoint.fingerprint(stage, p.model_dump(), compute_key, params.seed,
                                  [t.task_id for t in pool], files=[init_dir])
     before = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (before)")
     if p.lora.enabled:
         lora.add_lora(policy, p.lora, seed=params.seed)
-    with open_rollout(policy, params.compute, seed=params.seed, lora=p.lora.enabled) as rollout:
-        history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir,
-                           ckpt_key=key, rollout=rollout)
-    after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
-    merged = None
-    if lora.has_lora(policy):
-        merged = lora.merge(policy, out_dir)
-    save_policy(policy, out_dir)
+    if ranks:
+        job = {"policy": policy, "ref": ref, "pool": pool, "tasks_dir": Path(tasks_dir), "p": p, "seed": params.seed,
+               "out_dir": Path(out_dir), "ckpt_dir": ckpt_dir and Path(ckpt_dir), "ckpt_key": key,
+               "desc": f"rl {stage}: pool (after)"}
+        done = distributed.launch(rl_rank, job, params.compute, log=log)
+        history, after, merged = done["history"], done["after"], done["merged"]
+    else:
+        with open_rollout(policy, params.compute, seed=params.seed, lora=p.lora.enabled) as rollout:
+            history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir,
+                               ckpt_key=key, rollout=rollout)
+        after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
+        merged = None
+        if lora.has_lora(policy):
+            merged = lora.merge(policy, out_dir)
+        save_policy(policy, out_dir)
     write_curve(history, reports_dir / "curve.csv")
     if ckpt_dir:
         checkpoint.clear(ckpt_dir)

@@ -15,6 +15,11 @@ One iteration, top to bottom:
    the rewards), entropy bonus, gradient clipping; PPO also fits its critic.
 4. Health metrics (entropy, KL, clip fraction, grad norm, reply length, zero-variance groups,
    success per task type) and, every `checkpoint_every` iterations, a resumable checkpoint.
+
+`train_rl_ranks` is the same loop on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed):
+rank 0 plays and prepares, every rank gets the batch, `update_ranks` splits each minibatch's rows
+over the ranks with the micro-batch share weighting; the same curve to float rounding
+(tests/test_deepspeed.py). PPO (critic), ZeRO-3 and vLLM rollouts are refused there.
 """
 
 from __future__ import annotations
@@ -194,14 +199,18 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
 
 
-def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float) -> dict:
+def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, engine=None) -> dict:
     """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats.
+    `engine`: a DeepSpeed engine (trainers.distributed) that runs the forward and the backward.
 
     loss = policy loss + kl_coef * agg(KL to the reference) (unless folded into the rewards)
            - entropy_coef * agg(token entropy), every term reduced by `loss_agg`."""
     micro = micro.to(policy.device)
     with policy.autocast():
-        logp, entropy = token_logprobs(policy.model, micro, p.temperature)
+        if engine is None:
+            logp, entropy = token_logprobs(policy.model, micro, p.temperature)
+        else:
+            logp, entropy = engine(token_logprobs, micro, p.temperature)
     old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
     norm_len = float(p.loss_agg_norm_len)
     if p.policy_loss == "gspo":
@@ -218,7 +227,10 @@ def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float) -> dict
     ent = aggregate(entropy.detach(), p.loss_agg, seq, norm_len)
     if p.entropy_coef > 0:
         loss = loss + entropy_bonus(entropy, p.entropy_coef, p.loss_agg, seq, norm_len)
-    (loss * share).backward()
+    if engine is None:
+        (loss * share).backward()
+    else:
+        engine.backward(loss * share)
     return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
 
 
@@ -317,3 +329,140 @@ def train_rl(
                 "history": history, "critic": critic.state_dict() if critic else None,
                 "critic_opt": critic_opt.state_dict() if critic_opt else None}, rng, gen)
     return history
+
+
+# --------------------------------------------------------------------------- DeepSpeed ranks
+def check_ranks(p: RLParams, compute) -> None:
+    """What RL on DeepSpeed ranks does not do (yet), refused by name before any work."""
+    if p.algorithm == "ppo":
+        raise ValueError("rl: algorithm = ppo with compute.backend = deepspeed: the critic is not trained on ranks; "
+                         "use a critic-free algorithm (grpo, dr_grpo, rloo, reinforce_pp, gigpo) or backend single")
+    if compute.deepspeed.zero_stage == 3:
+        raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: rank 0 plays the "
+                         "rollouts on its own whole copy of the weights, which ZeRO-3 shards; use zero_stage 2")
+    if compute.rollout.backend != "hf":
+        raise ValueError(f"rl: compute.rollout.backend = {compute.rollout.backend} with compute.backend = deepspeed "
+                         "is not supported: on ranks, rank 0 plays the rollouts with the in-process engine (hf)")
+
+
+def update_ranks(rank, engine, policy: Policy, batch: Batch, p: RLParams, gen: torch.Generator) -> dict:
+    """`update` as one of the data-parallel DeepSpeed ranks: every rank draws the same minibatches in
+    the same order (same `gen`), runs the forward and backward of its share of each one's rows (rows
+    r::world; a rank without rows runs one with zero weight) as one micro-batch weighted by that
+    share of the minibatch (tokens for token-mean PPO, sequences otherwise, as `update`) times the
+    world (DeepSpeed averages gradients over ranks), then DeepSpeed clips by the global norm and
+    steps AdamW. Stats: each rank's, share-weighted and summed over ranks (the minibatch's own value
+    for every token-mean quantity: losses, KL, entropy, clip fraction); grad_norm before clipping."""
+    from agentkiln.trainers import distributed
+
+    stats: dict[str, list[float]] = defaultdict(list)
+    token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"
+    engine.train()
+    for _ in range(p.ppo_epochs):
+        order = torch.randperm(batch.rows, generator=gen).tolist()
+        for i in range(0, len(order), p.minibatch_size):
+            mb = batch.select(order[i : i + p.minibatch_size])
+            n_tok, n_seq = mb.n_tokens, _seq_count(mb.seq_ids())
+            mine, active = distributed.share(list(range(mb.rows)), rank)
+            part = mb.select(mine)
+            share = (part.n_tokens / n_tok if token_level else _seq_count(part.seq_ids()) / n_seq) if active else 0.0
+            got = _micro_loss(policy, part, p, share * rank.world, engine=engine)
+            keys = sorted(got)
+            for k, v in zip(keys, distributed.all_sum([float(got[k]) * share for k in keys], rank)):
+                stats[k].append(v)
+            engine.step()  # clips by the global norm over every rank's gradient shard, then AdamW
+            stats["grad_norm"].append(float(engine.get_global_grad_norm()))
+    engine.eval()
+    return {k: sum(v) / len(v) for k, v in stats.items() if v}
+
+
+def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec], tasks_dir: Path, p: RLParams,
+                   seed: int, ckpt_dir: Path | None = None, ckpt_key: str = "") -> tuple[list[dict], dict | None]:
+    """`train_rl` as one of the data-parallel DeepSpeed ranks (trainers.distributed; every rank calls it).
+    Rank 0 plays the iteration's rollouts (the in-process engine on its whole ZeRO-2 copy of the
+    weights, the same seeds as one process) and prepares the batch (reference log-probs, advantages),
+    then broadcasts it with the iteration's metrics: every rank holds the same batch, and `update_ranks`
+    splits each minibatch over the ranks. Rank 0 alone logs (`rank.log`) and writes the checkpoints
+    (full weights, every rank's optimizer shard, the task sampler and minibatch generators, history);
+    every rank resumes from them. Returns the history and, on rank 0, the final weights as a CPU state
+    dict. PPO (critic), ZeRO-3 and vLLM rollouts are refused (`check_ranks`)."""
+    from agentkiln.trainers import distributed
+
+    check_ranks(p, rank.compute)
+    if ref is not None:
+        ref.model.eval().requires_grad_(False)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None  # every rank reads it
+    if state is not None:
+        policy.model.load_state_dict(state["policy"])
+    opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
+    engine = distributed.engine(rank, policy.model, opt, p.max_grad_norm)
+    engine.eval()
+    history: list[dict] = []
+    start = played = 0
+    if state is not None:
+        distributed.load_optimizer_shards(engine, state["opt"])
+        start, played, history = state["iteration"], state["played"], state["history"]
+        if rank.main:
+            print(f"rl: resumed from {ckpt_dir} after iteration {start}")
+        for row in history:  # the new tracking run gets the whole curve
+            rank.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, row["iteration"])
+    rollout = HFRollout(policy)
+    for it in range(start, p.iterations):
+        if p.episode_budget is not None and played >= p.episode_budget:
+            break
+        msg: list = [None]
+        if rank.main:
+            rollout.sync(policy)
+            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
+                                                 None if p.episode_budget is None else p.episode_budget - played,
+                                                 rollout)
+            batch = None
+            mismatch: dict = {}
+            if episodes:
+                batch, _, _, mismatch = prepare(policy, ref, None, episodes, p, rollout.recompute)
+            row = {"iteration": it + 1, "episodes": played + info["episodes_played"], **info,
+                   **episode_metrics(everything, batch), **mismatch}
+            msg = [(batch, row)]
+        torch.distributed.broadcast_object_list(msg, src=0)
+        batch, row = msg[0]
+        played = row["episodes"]
+        if batch is not None and batch.rows:
+            row |= update_ranks(rank, engine, policy, batch, p, gen)
+        history.append(row)
+        rank.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
+        if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
+            shards = distributed.optimizer_shards(rank, engine)
+            weights = distributed.full_state_dict(rank, engine, policy.model)
+            if rank.main:
+                checkpoint.save(ckpt_dir, ckpt_key, {
+                    "policy": weights, "opt": shards, "iteration": it + 1, "played": played, "history": history},
+                    rng, gen)
+    engine.eval()
+    return history, distributed.full_state_dict(rank, engine, policy.model)
+
+
+def rl_rank(rank, job: dict) -> dict | None:
+    """One DeepSpeed rank of an RL stage (the job: policy, ref, pool, tasks_dir, p, seed, out_dir,
+    ckpt_dir, ckpt_key; stages.rl builds it): train its share; rank 0 then measures the pool's greedy
+    success, saves the model (LoRA merged and checked, as on one process) from a fresh unsharded copy
+    of the starting policy loaded with the final weights, and returns the history and its numbers."""
+    from agentkiln.policy import save_policy
+    from agentkiln.policy.model import place
+
+    policy = place(job["policy"], rank.compute)
+    ref = place(job["ref"], rank.compute) if job["ref"] is not None else None
+    p = job["p"]
+    history, weights = train_rl_ranks(rank, policy, ref, job["pool"], job["tasks_dir"], p, job["seed"],
+                                      ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"])
+    if not rank.main:
+        return None
+    # the pool's greedy success on the trained copy (this rank's device), as one process measures it
+    after = greedy_success(policy, job["pool"], job["tasks_dir"], p, job["desc"])
+    final = rank.job()["policy"]
+    final.model.load_state_dict(weights)
+    final.model.eval()
+    merged = lora.merge(final, job["out_dir"]) if lora.has_lora(final) else None
+    save_policy(final, job["out_dir"])
+    return {"history": history, "after": after, "merged": merged}
