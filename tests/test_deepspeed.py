@@ -14,6 +14,7 @@ launched by the SFT stage itself; no mocks.
   the batch, each rank takes its share of each minibatch; every rollout metric equals the single
   process's, the update metrics (loss, KL, entropy, grad norm) follow it to RL_REL_TOL (measured
   8e-7), the saved model loads with the single run's weights; PPO / ZeRO-3 / vLLM refused by name.
+  Ranks resume from rank 0's checkpoint after iteration 1 and end on the same curve (slow, ~45 s).
 
 Timings on 2 cores: each launch ~10 s (two interpreters importing torch + deepspeed), 20-45 s while
 the machine is busy; the whole file ~55 s idle. Nothing is JIT-compiled (trainers.distributed keeps
@@ -302,3 +303,51 @@ def test_rl_on_ranks_refuses_what_it_does_not_do_by_name():
         check_ranks(RLParams(), ComputeParams(device="cpu", backend="deepspeed", deepspeed={"zero_stage": 3}))
     with pytest.raises(ValueError, match="rollout.backend = vllm"):
         check_ranks(RLParams(), ComputeParams(device="cpu", backend="deepspeed", rollout={"backend": "vllm"}))
+
+
+@pytest.mark.slow
+def test_rl_ranks_resume_from_rank0s_checkpoint_onto_the_single_process_curve(world, tmp_path):
+    """Ranks stopped after iteration 1 (a run of 1 iteration: its checkpoint stays, the stage is not
+    there to remove it), then ranks of the 2-iteration run under the same checkpoint key: they resume
+    after iteration 1 (weights, optimizer shards, task sampler, minibatch generator) and end on the
+    single process's curve."""
+    from agentkiln.policy import load_policy
+    from agentkiln.stages.common import load_split, seed_everything
+    from agentkiln.trainers import distributed
+    from agentkiln.trainers.rl import rl_rank, train_rl
+    from tests.conftest import params_with
+
+    root = world[0]
+    single = params_with({"torch_threads": 2, "sft": SFT, "rl": RL})
+    p = single.rl.stage("s1")
+    pool = load_split(root / "tasks", "rl")
+    seed_everything(single.seed, single.torch_threads)
+    policy = load_policy(root / "single", compute=single.compute)
+    want = train_rl(policy, load_policy(root / "single", compute=single.compute), pool, root / "tasks", p,
+                    seed=single.seed)
+
+    def ranks(iterations: int) -> tuple[dict, list[dict]]:
+        params = ds_params(free_port())
+        compute = distributed.parent_compute(params.compute)
+        seed_everything(params.seed, params.torch_threads)
+        job = {"policy": load_policy(root / "single", compute=compute),
+               "ref": load_policy(root / "single", compute=compute), "pool": pool, "tasks_dir": root / "tasks",
+               "p": p.model_copy(update={"iterations": iterations}), "seed": params.seed,
+               "out_dir": tmp_path / f"model{iterations}", "ckpt_dir": tmp_path / "ckpt", "ckpt_key": "same run",
+               "desc": "after"}
+        rows: list[dict] = []
+        done = distributed.launch(rl_rank, job, params.compute, log=lambda row, step: rows.append({"step": step}))
+        return done, rows
+
+    ranks(1)
+    assert (tmp_path / "ckpt" / "state.pt").is_file()
+    done, rows = ranks(2)
+    assert [r["step"] for r in rows] == [1, 2]  # the checkpoint's iteration logged again, then iteration 2
+    got = done["history"]
+    assert [r["iteration"] for r in got] == [1, 2]
+    keys = {"loss", "pg_loss", "kl", "entropy", "grad_norm", "ratio_mean", "clip_frac"}
+    for a, b in zip(got, want):
+        assert {k: v for k, v in a.items() if k not in keys} == {k: v for k, v in b.items() if k not in keys}
+    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(got, want) for k in keys)
+    print(f"resumed 2-rank RL vs single, max relative update-metric difference: {rel:.2e}")
+    assert rel < RL_REL_TOL
