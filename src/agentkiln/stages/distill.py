@@ -57,6 +57,9 @@ def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, s
 def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Path, log=None,
                 ckpt_dir: Path | None = None) -> dict:
     p = params.distill
+    if params.compute.backend == "deepspeed":  # said, not silently ignored
+        print("distill: compute.backend deepspeed trains the sft and rl stages; the student trains in this one "
+              "process (docs/scale.md)", flush=True)
     key = ""
     if ckpt_dir:
         key = checkpoint.fingerprint("distill", p.model_dump(), params.seed, params.torch_threads,
