@@ -3,6 +3,7 @@ cleanly on SIGTERM / Ctrl-C leaving no process behind (agentkiln.lifecycle)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -30,8 +31,10 @@ def stage_context(stage: str, params: Params, section: dict):
         yield run
 
 
-def run_flow(flow: Callable[[Params], object]) -> None:
+def run_flow(flow: Callable[[Params], object], doc: str | None = None) -> None:
     """CLI entry: refuse bad params.yaml with a clear message before Prefect or torch start work.
+    With `doc` (the flow module's docstring) the command line is parsed first, so `--help` prints
+    it and exits, and a stray argument is an error, before anything starts.
 
     SIGTERM / SIGHUP / Ctrl-C stop the flow with an exception (cleanup runs, exit status 128 +
     signal); Prefect's temporary server runs as a child that dies with this process; a stage run by
@@ -39,6 +42,10 @@ def run_flow(flow: Callable[[Params], object]) -> None:
     a watchdog process stops whatever the run started should the run itself be SIGKILLed."""
     from agentkiln import lifecycle  # how a run stops, not what it computes: not a stage dependency
 
+    if doc is not None:
+        prog = f"python -m flows.{Path(sys.argv[0]).stem}"
+        argparse.ArgumentParser(prog=prog, description=doc, epilog="Settings come from params.yaml; "
+                                "`dvc repro` runs the stages in order.").parse_args()
     lifecycle.start_watchdog()
     lifecycle.private_tmpdir()  # removed at exit: nothing a child leaves in a temporary directory survives the run
     lifecycle.handle_signals()

@@ -33,4 +33,4 @@ def ablation_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(ablation_flow)
+    run_flow(ablation_flow, __doc__)

@@ -19,4 +19,4 @@ def distill_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(distill_flow)
+    run_flow(distill_flow, __doc__)

@@ -31,4 +31,4 @@ def evaluate_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(evaluate_flow)
+    run_flow(evaluate_flow, __doc__)

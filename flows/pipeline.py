@@ -4,8 +4,8 @@
     python -m flows.pipeline --serve --cron "0 3 * * *"   # serve on a schedule (needs `prefect server start`)
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Prefect validates a deployment's parameters against
+# the flow's signature at run time, and a string annotation leaves `Params` undefined for it.
 import argparse
 import os
 import subprocess

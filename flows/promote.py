@@ -20,4 +20,4 @@ def promote_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(promote_flow)
+    run_flow(promote_flow, __doc__)

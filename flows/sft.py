@@ -19,4 +19,4 @@ def sft_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(sft_flow)
+    run_flow(sft_flow, __doc__)

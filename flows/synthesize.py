@@ -22,4 +22,4 @@ def synthesize_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(synthesize_flow)
+    run_flow(synthesize_flow, __doc__)
