@@ -15,8 +15,7 @@ import torch
 from agentkiln.envs import Env
 from agentkiln.policy.device import generator
 from agentkiln.policy.model import Policy
-from agentkiln.policy.prompt import render_action
-from agentkiln.rollout.decoding import ActionTrie, sample
+from agentkiln.rollout.decoding import TrieCache, sample
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.kv import KVRows
 from agentkiln.rollout.sequence import CUT, NEW_WINDOW, add_observation, add_reply
@@ -45,7 +44,7 @@ class PolicyAgent:
                 raise ValueError(f"decoding.{family} = {mode!r}: expected constrained, free or auto")
         self.max_reply_tokens = max_reply_tokens
         self.generator = generator(policy.device, seed)  # on the logits' device: same seed, same episodes
-        self._reply_ids: dict[tuple, list[int]] = {}
+        self._trie = TrieCache(policy)
 
     # -- a chunk of episodes played in lockstep --------------------------------------------------
     def begin(self, episodes: list[Episode]) -> None:
@@ -86,15 +85,6 @@ class PolicyAgent:
         return status != CUT
 
     # -- replies ---------------------------------------------------------------------------------
-    def _trie(self, admissible: list[str], tools: list[dict] | None) -> ActionTrie:
-        seqs = {}
-        for a in admissible:
-            key = (a, bool(tools))
-            if key not in self._reply_ids:
-                self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, a, tools))
-            seqs[a] = self._reply_ids[key]
-        return ActionTrie(seqs)
-
     def _decode(self, episodes: list[Episode], rows: list[int], envs: list[Env], budgets: list[int],
                 blocks: dict[int, list[int]]) -> list[str]:
         chat = self.policy.chat

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from agentkiln.policy.model import Policy
+from agentkiln.policy.prompt import render_action
+
 
 class ActionTrie:
     """Prefix trie over token-id sequences; leaves map back to the action string."""
@@ -36,6 +39,24 @@ class ActionTrie:
             if node is None:
                 return None
         return node.get(None)
+
+
+class TrieCache:
+    """A policy's constrained-decoding tries: each admissible action's reply ids (its text as the chat
+    template renders it, native tool call or not) computed once per agent, whichever engine decodes."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self._reply_ids: dict[tuple, list[int]] = {}
+
+    def __call__(self, admissible: list[str], tools: list[dict] | None) -> ActionTrie:
+        seqs = {}
+        for a in admissible:
+            key = (a, bool(tools))
+            if key not in self._reply_ids:
+                self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, a, tools))
+            seqs[a] = self._reply_ids[key]
+        return ActionTrie(seqs)
 
 
 def sample(logits: torch.Tensor, allowed: list[list[int] | None], temperature: float, greedy: bool,

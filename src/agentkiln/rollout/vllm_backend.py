@@ -62,9 +62,8 @@ import torch
 from agentkiln.config import VLLMParams
 from agentkiln.envs import Env
 from agentkiln.policy.model import Policy
-from agentkiln.policy.prompt import render_action
 from agentkiln.rollout.agents import DECODING_MODES, decoding_mode
-from agentkiln.rollout.decoding import ActionTrie
+from agentkiln.rollout.decoding import TrieCache
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import CUT, add_observation, add_reply
 
@@ -317,7 +316,7 @@ class VLLMAgent:
         for family, mode in self.decoding.items():
             if mode not in (*DECODING_MODES, "auto"):
                 raise ValueError(f"decoding.{family} = {mode!r}: expected constrained, free or auto")
-        self._reply_ids: dict[tuple, list[int]] = {}
+        self._trie = TrieCache(policy)
         self.chunk = -1
 
     def begin(self, episodes: list[Episode]) -> None:
@@ -335,15 +334,6 @@ class VLLMAgent:
         for (k, *_), text in zip(live, self._decode(live)):
             out[k] = text
         return out
-
-    def _trie(self, admissible: list[str], tools: list[dict] | None) -> ActionTrie:
-        seqs = {}
-        for a in admissible:
-            key = (a, bool(tools))
-            if key not in self._reply_ids:
-                self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, a, tools))
-            seqs[a] = self._reply_ids[key]
-        return ActionTrie(seqs)
 
     def _request(self, prompt: list[int], max_tokens: int, seed: int, allowed: list[int] | None = None) -> dict:
         return {"ids": prompt, "max_tokens": max_tokens, "temperature": 0.0 if self.greedy else self.temperature,
