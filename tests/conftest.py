@@ -255,3 +255,23 @@ def _pinned_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
+
+
+def ablation_repo(root):
+    """A FrozenLake rl/test split (3 tasks each, sealed manifests) under root/data/tasks and a scratch
+    `sft` policy under root/models/sft: what an ablation run reads. Returns the tasks directory."""
+    import dataclasses
+    import json
+
+    from agentkiln.evaluate.panels import seal
+    from agentkiln.policy import save_policy
+    from agentkiln.synthesis.generate import env_version, generate
+
+    tasks_dir = root / "data" / "tasks"
+    for split, seed in (("rl", 5), ("test", 6)):
+        tasks = generate("gym-toytext", 3, seed=seed, level="easy", out_dir=tasks_dir, game="frozenlake")
+        (tasks_dir / split).mkdir(parents=True, exist_ok=True)
+        (tasks_dir / split / "manifest.json").write_text(json.dumps(seal(
+            {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}})))
+    save_policy(scratch_policy(tasks, tasks_dir), root / "models" / "sft")
+    return tasks_dir

@@ -61,24 +61,13 @@ def test_an_arm_with_two_stages_trains_at_its_budget(tmp_path):
 
 
 def test_a_job_in_a_worker_process_equals_the_same_job_in_process(tmp_path):
-    import dataclasses
-    import json
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from agentkiln.policy import save_policy
-    from agentkiln.evaluate.panels import seal
     from agentkiln.stages.ablation import run_job
-    from agentkiln.synthesis.generate import env_version, generate
-    from tests.conftest import scratch_policy
+    from tests.conftest import ablation_repo
 
-    tasks_dir = tmp_path / "data" / "tasks"
-    for split, seed in (("rl", 5), ("test", 6)):
-        tasks = generate("gym-toytext", 3, seed=seed, level="easy", out_dir=tasks_dir, game="frozenlake")
-        (tasks_dir / split).mkdir(parents=True, exist_ok=True)
-        (tasks_dir / split / "manifest.json").write_text(json.dumps(seal(
-            {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}})))
-    save_policy(scratch_policy(tasks, tasks_dir), tmp_path / "models" / "sft")
+    tasks_dir = ablation_repo(tmp_path)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["ablation"]["base"] = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4}
     raw["ablation"]["arms"] = {"grpo": [{"algorithm": "gigpo"}]}

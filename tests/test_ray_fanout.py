@@ -7,7 +7,6 @@ single-process path while it runs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -104,19 +103,10 @@ def test_episodes_stepped_on_actors_equal_the_single_process_ones(synthesized):
 
 
 def test_ablation_jobs_on_ray_equal_the_process_pool(tmp_path, ray_session):
-    from agentkiln.evaluate.panels import seal
-    from agentkiln.policy import save_policy
     from agentkiln.stages.ablation import run_ablation
-    from agentkiln.synthesis.generate import env_version, generate
-    from tests.conftest import scratch_policy
+    from tests.conftest import ablation_repo
 
-    tasks_dir = tmp_path / "data" / "tasks"
-    for split, seed in (("rl", 5), ("test", 6)):
-        tasks = generate("gym-toytext", 3, seed=seed, level="easy", out_dir=tasks_dir, game="frozenlake")
-        (tasks_dir / split).mkdir(parents=True, exist_ok=True)
-        (tasks_dir / split / "manifest.json").write_text(json.dumps(seal(
-            {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}})))
-    save_policy(scratch_policy(tasks, tasks_dir), tmp_path / "models" / "sft")
+    tasks_dir = ablation_repo(tmp_path)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["ablation"] |= {"seeds": [0], "workers": 2, "baseline": "grpo",
                         "base": {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2,
