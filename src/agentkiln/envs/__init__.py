@@ -1,12 +1,16 @@
 """Environments: one contract (`agentkiln.envs.base`), seven families, one `make()`.
 
 Family modules are imported on first use, so using one family never imports another's libraries.
+Importing this package registers every family with gymnasium as `agentkiln/<family>-v0`
+(agentkiln.envs.gym_adapter, imported by gymnasium.make only).
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+
+import gymnasium
 
 from agentkiln.envs.base import DEFAULT_MAX_TURNS, Env, Observation, StepResult, TaskSpec
 
@@ -39,4 +43,14 @@ def make(task: TaskSpec, tasks_dir: str | Path | None = None, max_turns: int | N
     return cls(task, max_turns=max_turns, tasks_dir=tasks_dir)
 
 
-__all__ = ["DEFAULT_MAX_TURNS", "FAMILIES", "Env", "Observation", "StepResult", "TaskSpec", "env_class", "make"]
+def gym_id(family: str) -> str:
+    return f"agentkiln/{family}-v0"
+
+
+for _family in FAMILIES:  # by entry-point string: the adapter is imported on the first gymnasium.make
+    if gym_id(_family) not in gymnasium.registry:
+        gymnasium.register(gym_id(_family), entry_point="agentkiln.envs.gym_adapter:AgentkilnEnv",
+                           kwargs={"family": _family})
+
+
+__all__ = ["gym_id", "DEFAULT_MAX_TURNS", "FAMILIES", "Env", "Observation", "StepResult", "TaskSpec", "env_class", "make"]

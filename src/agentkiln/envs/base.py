@@ -111,12 +111,13 @@ class Env:
         self.max_turns = max_turns or task.difficulty.get("max_turns", DEFAULT_MAX_TURNS)
         self.goal = ""
         self.turn, self.done, self.won = 0, True, False
+        self.truncated = False  # the episode ended only because max_turns ran out (gymnasium's truncated)
         self._obs: Observation | None = None
         self._started = False
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self) -> Observation:
-        self.turn, self.done, self.won = 0, False, False
+        self.turn, self.done, self.won, self.truncated = 0, False, False, False
         self._started = True
         self._obs = self._reset()
         return self._obs
@@ -132,7 +133,9 @@ class Env:
         else:
             res = self._step(action)
         self.won = self.won or bool(res.info.get("won", False))
-        self.done = res.done or self.won or self.turn >= self.max_turns
+        ended_by_task = res.done or self.won
+        self.done = ended_by_task or self.turn >= self.max_turns
+        self.truncated = self.done and not ended_by_task
         res.done = self.done
         res.info = {"won": self.won, "invalid": False, **res.info, "turn": self.turn}
         self._obs = res.observation
