@@ -7,14 +7,65 @@ import argparse
 import json
 import os
 import sys
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+
+from prefect import Flow, Task
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.flow_engine import run_flow as run_prefect_flow
+from prefect.states import Completed, Failed, Pending, Running
 
 import flows
 from agentkiln import tracking
 from agentkiln.config import Params, ParamsError, load_params
 from agentkiln.stages.common import seed_everything
+
+
+# The pipeline's flow run id, exported to the stage processes DVC starts: a stage's flow run then
+# appears in the Prefect UI as a subflow of the pipeline run (Prefect links a subflow through a
+# task run in the parent, which is what an in-process subflow call creates; here it is made by hand).
+PARENT_FLOW_RUN_ENV = "AGENTKILN_PREFECT_PARENT_FLOW_RUN"
+
+
+def call_flow(flow: Flow, **kwargs):
+    """Run `flow(**kwargs)`: as a subflow of the flow run named by AGENTKILN_PREFECT_PARENT_FLOW_RUN
+    when the pipeline started this process, else as a top-level flow run."""
+    parent = os.environ.get(PARENT_FLOW_RUN_ENV)
+    if not parent:
+        return flow(**kwargs)
+    with get_client(sync_client=True) as client:
+        tracker = Task(name=flow.name, fn=flow.fn)
+        task_run = client.create_task_run(tracker, flow_run_id=uuid.UUID(parent), dynamic_key=uuid.uuid4().hex,
+                                          name=flow.name, state=Running())
+        flow_run = client.create_flow_run(flow, parameters=flow.serialize_parameters(kwargs), state=Pending(),
+                                          parent_task_run_id=task_run.id)
+    ok = False
+    try:
+        result = run_prefect_flow(flow, flow_run=flow_run, parameters=kwargs)
+        ok = True
+        return result
+    finally:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(task_run.id, Completed() if ok else Failed(), force=True)
+
+
+def needs(path: Path, stage: str) -> None:
+    """Refuse to start without an input another stage writes, saying which stage to run."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path} is missing: the {stage} stage writes it; run `agentkiln stage {stage}` "
+                                f"(or `dvc repro {stage}`, or `dvc pull` to fetch it from the team's remote) first")
+
+
+def publish(stage: str, metrics: dict) -> None:
+    """The stage's headline numbers as a markdown table on its Prefect flow run (Artifacts tab)."""
+    rows = [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+            for k, v in sorted(metrics.items()) if isinstance(v, (int, float, str, bool))]
+    key = "".join(c if c.isalnum() else "-" for c in stage.lower())
+    create_markdown_artifact(f"## {stage}\n\n| metric | value |\n|---|---|\n" + "\n".join(rows) + "\n",
+                             key=f"{key}-metrics", description=f"{stage}: metrics of this run")
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -31,7 +82,8 @@ def stage_context(stage: str, params: Params, section: dict):
         yield run
 
 
-def run_flow(flow: Callable[[Params], object], doc: str | None = None) -> None:
+def run_flow(flow: Flow | Callable[[Params], object], doc: str | None = None,
+             check: Callable[[Params], object] | None = None) -> None:
     """CLI entry: refuse bad params.yaml with a clear message before Prefect or torch start work.
     With `doc` (the flow module's docstring) the command line is parsed first, so `--help` prints
     it and exits, and a stray argument is an error, before anything starts.
@@ -39,7 +91,9 @@ def run_flow(flow: Callable[[Params], object], doc: str | None = None) -> None:
     SIGTERM / SIGHUP / Ctrl-C stop the flow with an exception (cleanup runs, exit status 128 +
     signal); Prefect's temporary server runs as a child that dies with this process; a stage run by
     `dvc repro` also dies with DVC; temporary files live in a directory of the run, removed at exit;
-    a watchdog process stops whatever the run started should the run itself be SIGKILLed."""
+    a watchdog process stops whatever the run started should the run itself be SIGKILLed.
+    `check(params)` validates command-line choices and inputs before anything starts (an RL stage's
+    name, the models a stage reads: `needs`): what it raises is reported in one line, exit status 2."""
     from agentkiln import lifecycle  # how a run stops, not what it computes: not a stage dependency
 
     if doc is not None:
@@ -58,8 +112,14 @@ def run_flow(flow: Callable[[Params], object], doc: str | None = None) -> None:
         print("Fix params.yaml and run again (dvc repro).", file=sys.stderr)
         sys.exit(2)
     try:
+        if check is not None:
+            check(params)
+    except (ParamsError, FileNotFoundError) as e:
+        print(f"agentkiln: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
         lifecycle.start_prefect_server()
-        flow(params)
+        call_flow(flow, params=params) if isinstance(flow, Flow) else flow(params)
     except lifecycle.Terminated as e:
         print(f"agentkiln: {e}; stopped cleanly", file=sys.stderr)
         raise

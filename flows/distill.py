@@ -4,7 +4,7 @@ from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
-from flows._stage import run_flow, stage_context, write_json
+from flows._stage import needs, publish, run_flow, stage_context, write_json
 from tasks.distill import distill_task
 
 
@@ -15,8 +15,9 @@ def distill_flow(params: Params) -> dict:
                                log=tracking.log_metrics, ckpt_dir=paths.CHECKPOINTS / "distill")
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "distill_metrics.json", metrics)
+        publish("distill", metrics)
     return metrics
 
 
 if __name__ == "__main__":
-    run_flow(distill_flow, __doc__)
+    run_flow(distill_flow, __doc__, check=lambda p: needs(paths.model_dirs(p)["rl"], f"rl@{p.rl.final}"))

@@ -7,7 +7,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
-from flows._stage import run_flow, stage_context
+from flows._stage import needs, run_flow, stage_context
 from tasks.evaluate import evaluate_task
 
 
@@ -31,4 +31,5 @@ def evaluate_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(evaluate_flow, __doc__)
+    run_flow(evaluate_flow, __doc__, check=lambda p: [needs(d, paths.stage_writing(n, p))
+                                                     for n, d in paths.model_dirs(p).items()])

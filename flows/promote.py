@@ -7,7 +7,7 @@ from agentkiln import paths
 from agentkiln.config import Params
 from agentkiln.stages.promote import run_promote
 from agentkiln.tracking import repo_root
-from flows._stage import run_flow, stage_context, write_json
+from flows._stage import publish, run_flow, stage_context, write_json
 
 
 @flow(name="promote", log_prints=True)
@@ -15,6 +15,7 @@ def promote_flow(params: Params) -> dict:
     with stage_context("promote", params, params.promote.model_dump()):
         result = run_promote(params, repo_root(), paths.TASKS, paths.REPORTS, paths.model_dirs(params))
     write_json(paths.REPORTS / "promotion.json", result)
+    publish("promote", result)
     print(f"promotion: {result['reason']}")
     return result
 

@@ -8,7 +8,7 @@ from prefect import flow
 from agentkiln import paths, tracking
 from agentkiln.config import Params
 from agentkiln.stages.rl import stage_dirs
-from flows._stage import run_flow, stage_context, write_json
+from flows._stage import call_flow, needs, publish, run_flow, stage_context, write_json
 from tasks.rl import rl_task
 
 
@@ -22,6 +22,7 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
             tracking.log_metrics(metrics)
             tracking.log_artifact(dirs["reports_dir"] / "curve.csv")
             write_json(dirs["reports_dir"] / "metrics.json", metrics)
+            publish(f"rl-{name}", metrics)
         print(f"RL stage {name} ({metrics['algorithm']}): pool success "
               f"{metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")
         results[name] = metrics
@@ -32,4 +33,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", default=None, help="one of params.yaml's rl.stages (default: all, in order)")
     args = ap.parse_args()
-    run_flow(lambda params: rl_flow(params, args.stage))
+    def check(params: Params) -> None:  # an unknown stage name or a missing starting model: exit 2
+        init = params.rl.stage(args.stage or next(iter(params.rl.stages))).init
+        needs(paths.model_dir(init), "sft" if init == "sft" else init.replace("/", "@"))
+
+    run_flow(lambda params: call_flow(rl_flow, params=params, stage=args.stage), check=check)

@@ -4,7 +4,7 @@ from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
-from flows._stage import run_flow, stage_context, write_json
+from flows._stage import needs, publish, run_flow, stage_context, write_json
 from tasks.sft import sft_task
 
 
@@ -15,8 +15,9 @@ def sft_flow(params: Params) -> dict:
                            ckpt_dir=paths.CHECKPOINTS / "sft")
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "sft_metrics.json", metrics)
+        publish("sft", metrics)
     return metrics
 
 
 if __name__ == "__main__":
-    run_flow(sft_flow, __doc__)
+    run_flow(sft_flow, __doc__, check=lambda p: needs(paths.TASKS / "sft", "synthesize"))

@@ -5,7 +5,7 @@ from prefect import flow
 
 from agentkiln import fanout, paths, tracking
 from agentkiln.config import Params
-from flows._stage import run_flow, stage_context
+from flows._stage import publish, run_flow, stage_context
 from tasks.synthesize import checkpoint_task, synthesize_task
 
 
@@ -15,6 +15,7 @@ def synthesize_flow(params: Params) -> dict:
         with fanout.session(params.compute.ray):  # workers as Ray tasks when enabled: the same bytes
             summary = synthesize_task(params.synthesize, paths.TASKS)
         tracking.log_metrics(summary)
+        publish("synthesize", summary)
         checks = checkpoint_task(params.synthesize, paths.TASKS, paths.DATA_DOCS)
         tracking.log_metrics({"data_checks_evaluated": checks["evaluated"]})
         print(f"data checkpoint: {checks['evaluated']} expectations passed; report: {paths.DATA_DOCS}/index.html")

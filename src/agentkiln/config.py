@@ -367,7 +367,8 @@ class RLSection(_Strict):
 
     def stage(self, name: str) -> RLParams:
         if name not in self.stages:
-            raise KeyError(f"no RL stage {name!r} in params.yaml (stages: {', '.join(self.stages)})")
+            raise ParamsError(f"params.yaml: no RL stage {name!r} in rl.stages (stages: {', '.join(self.stages)}); "
+                              "pick one of those or add it under rl.stages")
         return RLParams.model_validate(self.defaults.model_dump() | self.stages[name])
 
     @property
@@ -586,8 +587,33 @@ def read_yaml(text: str):
         loader.dispose()
 
 
-def load_params(path: str | Path = PARAMS_FILE) -> Params:
-    """Read and validate params.yaml; raise ParamsError with a readable message otherwise."""
+def apply_overrides(raw: dict, overrides: list[str], source: str | Path = PARAMS_FILE) -> dict:
+    """Set `key=value` overrides (dotted keys, values parsed as YAML: `rl.defaults.lr=1e-5`) on the
+    raw params mapping, as `dvc exp run --set-param` does; only keys that exist may be set, so a
+    typo is refused naming it instead of adding a setting nothing reads."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ParamsError(f"override {item!r}: expected key=value, e.g. sft.epochs=2")
+        node, parts = raw, key.strip().split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, dict) or part not in node:
+                where = ".".join(parts[:i]) or "the top level"
+                known = ", ".join(map(str, node)) if isinstance(node, dict) else "(not a section)"
+                raise ParamsError(f"override {item!r}: {source} has no {'.'.join(parts[:i + 1])} "
+                                  f"(keys under {where}: {known})")
+            if i < len(parts) - 1:
+                node = node[part]
+        try:
+            node[parts[-1]] = read_yaml(value) if value.strip() else ""
+        except yaml.YAMLError as e:
+            raise ParamsError(f"override {item!r}: the value is not valid YAML: {e}") from None
+    return raw
+
+
+def load_params(path: str | Path = PARAMS_FILE, overrides: list[str] = ()) -> Params:
+    """Read and validate params.yaml (with `key=value` overrides applied, see apply_overrides);
+    raise ParamsError with a readable message otherwise."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"{path}: not found (run from the repository root)")
@@ -599,6 +625,7 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
         raise ParamsError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    raw = apply_overrides(raw, list(overrides), path)
     try:
         return Params.model_validate(raw)
     except ValidationError as e:

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -275,12 +276,19 @@ def child_argv(module: str, args: list[str], sig: int = signal.SIGTERM) -> list[
     return [sys.executable, "-c", _BOOT, str(os.getpid()), str(int(sig)), module, *args]
 
 
-def run_group(argv: list[str], grace: float = GROUP_GRACE_S, **popen) -> int:
+def run_group(argv: list[str], grace: float = GROUP_GRACE_S, on_line: Callable[[str], object] | None = None,
+              **popen) -> int:
     """Run `argv` in a new session (its own process group) and wait for it. If the wait is
     interrupted by any exception (Terminated, KeyboardInterrupt), the whole group gets SIGTERM, then
-    SIGKILL after `grace` s; the exception then propagates. Returns the exit status."""
+    SIGKILL after `grace` s; the exception then propagates. Returns the exit status. With `on_line`,
+    its stdout and stderr are read line by line and handed to `on_line` (e.g. a flow's logger)."""
+    if on_line is not None:
+        popen |= {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
     proc = subprocess.Popen(argv, start_new_session=True, **popen)
     try:
+        if on_line is not None:
+            for line in proc.stdout:
+                on_line(line.rstrip("\n"))
         return proc.wait()
     except BaseException:
         stop_group(proc.pid, grace)

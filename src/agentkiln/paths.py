@@ -11,6 +11,15 @@ REPORTS = Path("reports")
 DATA_DOCS = REPORTS / "data_docs"  # Great Expectations HTML report of the synthesized data
 
 
+def repo_root() -> Path:
+    """Nearest ancestor of the working directory holding dvc.yaml or .git (else the cwd)."""
+    cwd = Path.cwd().resolve()
+    for d in (cwd, *cwd.parents):
+        if (d / "dvc.yaml").exists() or (d / ".git").exists():
+            return d
+    return cwd
+
+
 def model_dir(init: str) -> Path:
     """A model named as in params (`sft`, `rl/<stage>`, `distilled`) -> its directory."""
     return Path("models") / init
@@ -28,3 +37,8 @@ def rl_curves(params) -> dict[str, Path]:
 def model_dirs(params) -> dict[str, Path]:
     """The pipeline's named policies; `rl` is the last RL stage's model."""
     return {"sft": SFT_MODEL, "rl": RL_MODELS / params.rl.final, "distilled": DISTILLED_MODEL}
+
+
+def stage_writing(name: str, params) -> str:
+    """The DVC stage that writes a named policy (`sft`, `rl`, `distilled`)."""
+    return {"sft": "sft", "rl": f"rl@{params.rl.final}", "distilled": "distill"}.get(name, name)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import mlflow
 
+from agentkiln.paths import repo_root
+
 PARENT_ENV = "AGENTKILN_PARENT_RUN_ID"
 DEFAULT_EXPERIMENT = "agentkiln"
 STAGE_TAG = "agentkiln.stage"
@@ -27,17 +29,15 @@ MAX_PARAM_KEY = 250
 _setup_state: tuple[str, str, str] | None = None
 
 
-def repo_root() -> Path:
-    """Nearest ancestor of the working directory holding dvc.yaml or .git (else the cwd)."""
-    cwd = Path.cwd().resolve()
-    for d in (cwd, *cwd.parents):
-        if (d / "dvc.yaml").exists() or (d / ".git").exists():
-            return d
-    return cwd
 
 
 def _default_uri() -> str:
     return "sqlite:///" + str((repo_root() / "mlflow.db").resolve())
+
+
+def default_store_path() -> Path | None:
+    """The SQLite file of the store in use when it is this project's default one, else None."""
+    return None if os.environ.get("MLFLOW_TRACKING_URI") else repo_root() / "mlflow.db"
 
 
 def tracking_uri() -> str:

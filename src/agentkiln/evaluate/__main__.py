@@ -18,44 +18,7 @@ import sys
 from pathlib import Path
 
 from agentkiln import paths
-
-
-def resolve_policy(source: str, params, init: str | None = None):
-    """A Policy from any of the sources above (None for the baselines)."""
-    import torch
-
-    from agentkiln.policy import load_policy
-
-    if source in ("random", "oracle"):
-        return None
-    if source in ("sft", "rl", "distilled"):
-        path = paths.model_dirs(params)[source]
-        if not path.is_dir():
-            raise FileNotFoundError(f"{path}: the {source} model is missing; run `dvc repro` (or `dvc pull`) first")
-        return load_policy(path)
-    if source.startswith("models:/"):
-        from agentkiln import tracking
-        from agentkiln.registry.model_registry import download_policy
-
-        tracking.setup()
-        return load_policy(download_policy(source))
-    path = Path(source)
-    if (path / "state.pt").is_file():  # an RL checkpoint: weights on top of the stage's starting model
-        start = Path(init) if init else paths.model_dir(params.rl.stage(path.name).init)
-        policy = load_policy(start)
-        policy.model.load_state_dict(torch.load(path / "state.pt", weights_only=False)["policy"])
-        return policy
-    if (path / "config.json").is_file():
-        return load_policy(path)
-    raise FileNotFoundError(f"{source}: not a baseline, pipeline model, models:/ URI, policy directory or RL checkpoint")
-
-
-def transcript(episode) -> str:
-    lines = [f"--- {episode.task_id} ({episode.family}): {'won' if episode.won else 'lost'} in {len(episode.turns)} turns"]
-    for i, t in enumerate(episode.turns, 1):
-        lines.append(f"[{i}] {t.observation.strip()[:300]}")
-        lines.append(f"    > {t.reply}{'  (invalid)' if t.invalid else ''}  reward {t.reward:+.2f}")
-    return "\n".join(lines)
+from agentkiln.evaluate.sources import resolve_policy, transcript
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     from agentkiln import tracking
     from agentkiln.registry import model_registry as mr
 
+    store = tracking.default_store_path()
+    if store is not None and not store.exists():  # do not create an empty store by looking at it
+        print(f"agentkiln registry: no MLflow store at {store}: run the pipeline first (agentkiln run), "
+              "or point MLFLOW_TRACKING_URI at your team's server", file=sys.stderr)
+        return 1
     tracking.setup()
     try:
         if args.command == "rollback":

@@ -56,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _tail(path: Path, n: int = 4000) -> str:
+def log_tail(path: Path, n: int = 4000) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -82,7 +82,7 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM to the server's process group (uvicorn/gunicorn workers included), SIGKILL after
     `grace` seconds."""
     if proc.poll() is not None:
@@ -139,7 +139,7 @@ class MlflowServer:
             )
 
     def _fail(self, why: str) -> ServerError:
-        return ServerError(f"{why}\ncommand: {' '.join(self.cmd)}\n--- server log (tail) ---\n{_tail(self.log)}")
+        return ServerError(f"{why}\ncommand: {' '.join(self.cmd)}\n--- server log (tail) ---\n{log_tail(self.log)}")
 
     def wait(self, timeout: float = 180.0) -> str:
         """The base URL once the server answers; ServerError (with the tail of its log) if it
@@ -155,7 +155,7 @@ class MlflowServer:
         return self.url
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
         self.log.unlink(missing_ok=True)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mlflow
 
+from agentkiln import paths
 from agentkiln.artifacts import MetricsFile, OutcomesFile, read_json
 from agentkiln.config import EvaluateParams, Params, PromoteParams
 from agentkiln.evaluate.panels import panel_id
@@ -25,9 +26,7 @@ from agentkiln.registry.promotion import Guard, gate, pick_candidate
 LOWER_IS_BETTER = {"invalid_rate", "mean_turns"}
 
 
-def stage_of(name: str, params: Params) -> str:
-    """The DVC stage that produced a candidate."""
-    return {"sft": "sft", "rl": f"rl@{params.rl.final}", "distilled": "distill"}.get(name, name)
+stage_of = paths.stage_writing  # the DVC stage that produced a candidate
 
 
 def guard_value(metrics: dict, metric: str) -> float | None:

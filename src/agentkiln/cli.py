@@ -1,0 +1,216 @@
+"""`agentkiln`: one command line over the pipeline, the registry and the UIs.
+
+    agentkiln run [-S sft.epochs=2]          the pipeline (dvc repro / dvc exp run -S, then promotion)
+    agentkiln stage rl@main                  one DVC stage and what it needs
+    agentkiln eval --model sft --panel ood   evaluate any policy on a frozen panel
+    agentkiln play --family sokoban          watch an episode in the terminal
+    agentkiln promote | rollback | registry  the model registry
+    agentkiln serve --cron "0 3 * * *"       the pipeline on a schedule (Prefect)
+    agentkiln ui                             MLflow and Prefect servers on loopback
+    agentkiln doctor                         is this machine ready?
+
+Commands that run a flow run `python -m flows.<name>` in the project (the nearest directory above
+the current one holding dvc.yaml), so `python -m flows.X` and `agentkiln` stay one code path. Heavy
+libraries (torch, mlflow, prefect) are imported inside the command that needs them, so `--help` and
+every usage error answer at once and touch nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+import yaml
+
+from agentkiln.config import PARAMS_FILE, ParamsError, load_params
+from agentkiln.paths import repo_root
+
+app = typer.Typer(name="agentkiln", help=__doc__.split("\n\n")[0] + "\n\nSettings live in params.yaml.",
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+registry_app = typer.Typer(help="The MLflow model registry: versions, aliases, lineage, scores.", no_args_is_help=True)
+app.add_typer(registry_app, name="registry")
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"agentkiln: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def project() -> Path:
+    root = repo_root()
+    if not (root / "dvc.yaml").is_file():
+        fail(f"{Path.cwd()}: not inside an agentkiln project (no dvc.yaml above it); cd into your clone")
+    return root
+
+
+def run_module(module: str, *args: str) -> None:
+    """`python -m module args` in the project root, this interpreter first on PATH (DVC's stage
+    commands say `python`); exits with its status."""
+    root = project()
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    raise typer.Exit(subprocess.call([sys.executable, "-m", module, *args], cwd=root, env=env))
+
+
+def check_overrides(root: Path, overrides: list[str]) -> None:
+    try:
+        load_params(root / PARAMS_FILE, overrides=overrides)
+    except ParamsError as e:
+        fail(f"{e}\nFix the override (or params.yaml) and run again.")
+
+
+def dvc_stages(root: Path) -> list[str]:
+    """Stage names as `dvc repro` takes them: foreach stages expand to `name@key` (params.yaml keys)."""
+    spec = yaml.safe_load((root / "dvc.yaml").read_text()).get("stages", {})
+    params = yaml.safe_load((root / PARAMS_FILE).read_text()) or {}
+    names = []
+    for name, stage in spec.items():
+        if isinstance(stage, dict) and "foreach" in stage:
+            node = params
+            for part in str(stage["foreach"]).strip("${} ").split("."):
+                node = node.get(part, {}) if isinstance(node, dict) else {}
+            names += [f"{name}@{key}" for key in node]
+        else:
+            names.append(name)
+    return names
+
+
+# ---------------------------------------------------------------------------- the pipeline
+@app.command()
+def run(
+    force: Annotated[bool, typer.Option("--force", help="re-run every stage even if DVC has it cached")] = False,
+    set_: Annotated[Optional[list[str]], typer.Option("-S", "--set", metavar="KEY=VALUE",
+                    help="override a params.yaml setting for this run (repeatable), passed to `dvc exp run -S`")] = None,
+) -> None:
+    """Run the pipeline: dvc repro (or dvc exp run -S with overrides), then promotion.
+
+    Example: agentkiln run -S sft.epochs=2 -S rl.defaults.lr=1e-5"""
+    root = project()
+    check_overrides(root, set_ or [])
+    run_module("flows.pipeline", *(["--force"] if force else []), *[a for o in set_ or [] for a in ("-S", o)])
+
+
+@app.command()
+def stage(name: Annotated[str, typer.Argument(help="a stage of dvc.yaml, e.g. sft, rl@main, evaluate")]) -> None:
+    """Run one DVC stage (and the stages it needs, if stale): dvc repro NAME.
+
+    Example: agentkiln stage evaluate"""
+    root = project()
+    names = dvc_stages(root)
+    if name not in names:
+        fail(f"no stage {name!r} in dvc.yaml; stages: {', '.join(names)}")
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "dvc", "repro", name], cwd=root, env=env))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def eval(ctx: typer.Context) -> None:  # noqa: A001 (the command's name)
+    """Evaluate policies on a frozen panel (the options of python -m agentkiln.evaluate; --help lists them).
+
+    Example: agentkiln eval --model models:/agentkiln-policy@champion --panel test"""
+    from agentkiln.evaluate.__main__ import main as evaluate_main
+
+    try:
+        code = evaluate_main(list(ctx.args))
+    except SystemExit as e:  # argparse: --help or a usage error
+        code = e.code
+    raise typer.Exit(code or 0)
+
+
+@app.command()
+def play(
+    model: Annotated[str, typer.Option(help="random, oracle, sft / rl / distilled, a model directory or models:/name@alias")] = "oracle",
+    family: Annotated[str, typer.Option(help="an environment family (agentkiln.envs.FAMILIES)")] = "sokoban",
+    level: Annotated[str, typer.Option(help="easy, medium or hard")] = "easy",
+    seed: Annotated[int, typer.Option(help="the task's seed (same seed, same task)")] = 0,
+    panel: Annotated[Optional[str], typer.Option(help="play a task of this split of data/tasks instead (with --task)")] = None,
+    task: Annotated[Optional[str], typer.Option(help="task id within --panel")] = None,
+    max_turns: Annotated[int, typer.Option(help="turn limit")] = 20,
+    delay: Annotated[float, typer.Option(help="seconds between turns, for watching")] = 0.0,
+) -> None:
+    """Watch one episode turn by turn: observation, reply, reward.
+
+    Example: agentkiln play --model sft --family gym-toytext --seed 3 --delay 0.5"""
+    from agentkiln.play import PlayError, play_episode
+
+    try:
+        play_episode(model, family=family, level=level, seed=seed, panel=panel, task_id=task, max_turns=max_turns,
+                     delay=delay, out=typer.echo)
+    except PlayError as e:
+        fail(str(e))
+
+
+# ---------------------------------------------------------------------------- the registry
+@app.command()
+def promote() -> None:
+    """Register the best evaluated candidate and make it champion if it wins the gate (python -m flows.promote)."""
+    run_module("flows.promote")
+
+
+@app.command()
+def rollback(name: Annotated[str, typer.Option(help="registered model name")] = "agentkiln-policy") -> None:
+    """Make the previous champion champion again (the demoted version is tagged rolled_back)."""
+    from agentkiln.registry.__main__ import main as registry_main
+
+    raise typer.Exit(registry_main(["rollback", "--name", name]))
+
+
+@registry_app.command("show")
+def registry_show(name: Annotated[str, typer.Option(help="registered model name")] = "agentkiln-policy") -> None:
+    """List versions with aliases, lineage and scores."""
+    from agentkiln.registry.__main__ import main as registry_main
+
+    raise typer.Exit(registry_main(["show", "--name", name]))
+
+
+# ---------------------------------------------------------------------------- operations
+@app.command()
+def serve(
+    cron: Annotated[str, typer.Option(help="cron schedule")] = "0 3 * * *",
+    pool: Annotated[Optional[str], typer.Option(help="deploy to this Prefect work pool (run by `prefect worker start --pool NAME`) instead of serving")] = None,
+    force: Annotated[bool, typer.Option("--force", help="scheduled runs re-run every stage")] = False,
+) -> None:
+    """Run the pipeline on a schedule: serve it (foreground) or deploy it to a work pool.
+
+    Needs a Prefect server: `agentkiln ui`, then export PREFECT_API_URL as it says.
+    Example: agentkiln serve --cron "0 3 * * *\""""
+    if not os.environ.get("PREFECT_API_URL"):
+        fail("PREFECT_API_URL is not set: a schedule needs a long-lived Prefect server. Start one (agentkiln ui, or "
+             "prefect server start) and export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    run_module("flows.pipeline", *(["--pool", pool] if pool else ["--serve"]), "--cron", cron,
+               *(["--force"] if force else []))
+
+
+@app.command()
+def ui(
+    mlflow_port: Annotated[int, typer.Option(help="MLflow UI port")] = 5000,
+    prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200,
+) -> None:
+    """Start the MLflow and Prefect servers on loopback, print their URLs; Ctrl-C stops both."""
+    from agentkiln.services import serve_uis
+
+    root = project()
+    serve_uis(root, mlflow_port, prefect_port, out=typer.echo)
+
+
+@app.command()
+def doctor() -> None:
+    """Check this machine: versions, sandbox, params, project, MLflow store, Prefect API, GPU."""
+    from agentkiln.doctor import run_checks
+
+    ok = True
+    for check in run_checks(Path.cwd()):
+        typer.echo(f"[{check.status:>4}] {check.name}: {check.detail}" + (f"\n        -> {check.fix}" if check.fix else ""))
+        ok &= check.status != "FAIL"
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
