@@ -4,6 +4,7 @@ from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
+from agentkiln.registry.model_registry import log_policy
 from flows._stage import needs, publish, run_flow, stage_context, write_json
 from tasks.distill import distill_task
 
@@ -15,6 +16,8 @@ def distill_flow(params: Params) -> dict:
                                log=tracking.log_metrics, ckpt_dir=paths.CHECKPOINTS / "distill")
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "distill_metrics.json", metrics)
+        tracking.log_split(paths.TASKS / "rl")
+        log_policy(paths.DISTILLED_MODEL)
         publish("distill", metrics)
     return metrics
 

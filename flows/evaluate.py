@@ -23,6 +23,8 @@ def evaluate_flow(params: Params) -> dict:
             tracking.log_metrics({f"{name}/{k}": v for k, v in m.items()})
             tracking.log_metrics({f"{name}/family/{f}/success": x["success"] for f, x in m["by_family"].items()})
             tracking.log_metrics({f"{name}/pass_at_{k}": v for k, v in m.get("pass_at_k", {}).items()})
+        for split in ("test", "ood"):
+            tracking.log_split(paths.TASKS / split, context="evaluation")
         for name in REPORT_FILES:
             mlflow.log_artifact(str(paths.REPORTS / name))
     create_markdown_artifact((paths.REPORTS / "eval.md").read_text(), key="evaluation")

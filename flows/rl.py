@@ -7,6 +7,7 @@ from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
+from agentkiln.registry.model_registry import log_policy
 from agentkiln.stages.rl import stage_dirs
 from flows._stage import call_flow, needs, publish, run_flow, stage_context, write_json
 from tasks.rl import rl_task
@@ -22,6 +23,8 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
             tracking.log_metrics(metrics)
             tracking.log_artifact(dirs["reports_dir"] / "curve.csv")
             write_json(dirs["reports_dir"] / "metrics.json", metrics)
+            tracking.log_split(paths.TASKS / "rl")
+            log_policy(dirs["out_dir"])
             publish(f"rl-{name}", metrics)
         print(f"RL stage {name} ({metrics['algorithm']}): pool success "
               f"{metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")

@@ -4,6 +4,7 @@ from prefect import flow
 
 from agentkiln import paths, tracking
 from agentkiln.config import Params
+from agentkiln.registry.model_registry import log_policy
 from flows._stage import needs, publish, run_flow, stage_context, write_json
 from tasks.sft import sft_task
 
@@ -15,6 +16,8 @@ def sft_flow(params: Params) -> dict:
                            ckpt_dir=paths.CHECKPOINTS / "sft")
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "sft_metrics.json", metrics)
+        tracking.log_split(paths.TASKS / "sft")
+        log_policy(paths.SFT_MODEL)
         publish("sft", metrics)
     return metrics
 

@@ -106,3 +106,27 @@ def test_module_is_pure():
 
     code = "import sys, agentkiln.registry.promotion; assert 'mlflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_floor_refuses_a_candidate_that_does_not_beat_random_champion_or_not():
+    from agentkiln.config import EvaluateParams, PromoteParams
+    from agentkiln.stages.promote import beats_random
+
+    ids = [f"t{i}" for i in range(20)]
+    ev = EvaluateParams()
+
+    def outcomes(cand, rand):
+        return {"sft": {"test": dict(zip(ids, cand))}, "random": {"test": dict(zip(ids, rand))}}
+
+    # 0/20 against random's 1/20 (the case: a 0% policy became champion): refused
+    d = beats_random(outcomes([0] * 20, [1] + [0] * 19), "sft", PromoteParams(), ev)
+    assert not d.promote and d.diff == pytest.approx(-0.05) and "random" in d.reason and "champion" not in d.reason
+    # 3/20 against 1/20: better on average, but the paired CI includes 0: refused
+    d = beats_random(outcomes([1, 1, 1] + [0] * 17, [1] + [0] * 19), "sft", PromoteParams(), ev)
+    assert not d.promote and d.diff == pytest.approx(0.10) and d.ci_low <= 0
+    # 15/20 against 1/20: beats random clearly
+    d = beats_random(outcomes([1] * 15 + [0] * 5, [0] * 19 + [1]), "sft", PromoteParams(), ev)
+    assert d.promote and d.diff == pytest.approx(0.70) and d.ci_low > 0
+    assert beats_random(outcomes([0] * 20, [1] * 20), "sft", PromoteParams(floor="none"), ev) is None
+    with pytest.raises(ValueError, match="no `random` baseline"):
+        beats_random({"sft": {"test": {"t0": 1}}}, "sft", PromoteParams(), ev)

@@ -282,6 +282,44 @@ def test_register_promote_and_serve(store):
     assert any(r.startswith("mlflow") for r in mr.pip_requirements())
 
 
+def test_registered_version_points_at_the_training_run_with_inputs_and_lineage(store):
+    import json
+
+    name = "agentkiln-policy-trained"
+    tmp = store["tmp"]
+    model = _tiny_policy(tmp / "trained", 3)
+    split = tmp / "tasks" / "sft"
+    split.mkdir(parents=True)
+    (split / "manifest.json").write_text(json.dumps({"sha256": "ab" * 32, "tasks": []}))
+    with tracking.pipeline_run():
+        with tracking.stage_run("sft") as train:
+            tracking.log_split(split)
+            uri = mr.log_policy(model)
+        with tracking.stage_run("promote") as promote_run:
+            tags = {"candidate": "sft", "stage": "sft", "lineage.git_commit": "c0ffee", "lineage.params_hash": "p1",
+                    "lineage.data.data/tasks": "d1", "eval.success": "0.5", "eval.vs_random": "beats it"}
+            version = mr.register_candidate(model, name, tags, {"success": 0.5})
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(name, version)
+    assert mv.run_id == train.info.run_id != promote_run.info.run_id  # the run that trained it
+    assert mv.tags["model_source"] == "training run" and uri.startswith("models:/")
+    assert "c0ffee" in mv.description and "`data/tasks`: `d1`" in mv.description and train.info.run_id in mv.description
+    run = client.get_run(train.info.run_id)
+    assert run.data.tags[mr.MODEL_DIGEST_TAG] == mr.model_digest(model)
+    (inp,) = run.inputs.dataset_inputs
+    assert inp.dataset.name == "tasks/sft" and inp.dataset.digest == "ab" * 8
+    assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "training"
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"  # MLflow 3's training view
+    assert mr.download_policy(f"models:/{name}/{version}").joinpath("config.json").is_file()
+    # a directory no training run logged is registered from the active run, and says so
+    other = _tiny_policy(tmp / "copied", 4)
+    with tracking.stage_run("promote") as promote_run:
+        v2 = mr.register_candidate(other, name, {"candidate": "sft"}, {"success": 0.1})
+    mv2 = client.get_model_version(name, v2)
+    assert mv2.run_id == promote_run.info.run_id and mv2.tags["model_source"].startswith("logged at registration")
+
+
 def test_register_candidate_refuses_a_missing_dir(store, tmp_path):
     with pytest.raises(FileNotFoundError):
         mr.register_candidate(tmp_path / "nope", "x", {}, {})

@@ -457,6 +457,9 @@ class PromoteParams(_Strict):
     guards: dict[Literal["ood_success", "invalid_rate", "mean_turns"], Annotated[float, Field(ge=0, le=1e4)]] = Field(
         {"ood_success": 0.05, "invalid_rate": 0.05},
         description="metric -> tolerated regression vs the champion (ood_success on the OOD panel)")
+    floor: Literal["random", "none"] = Field(
+        "random", description="random: a candidate must beat the random baseline on the same panel (paired CI above "
+                              "0), champion or not; none: no floor (tiny test pipelines)")
 
 
 class AblationParams(_Strict):

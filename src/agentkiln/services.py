@@ -27,7 +27,8 @@ class PrefectServer:
         self.port = port or free_port(host)
         self.api_url = f"http://{host}:{self.port}/api"
         self.ui_url = f"http://{host}:{self.port}"
-        env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
+        # the UI (a single-page app) asks PREFECT_UI_API_URL for data: this server's, not the default port's
+        env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1", PREFECT_UI_API_URL=self.api_url)
         env.pop("PREFECT_API_URL", None)  # the server must not talk to another one
         if home is not None:
             env["PREFECT_HOME"] = str(home)

@@ -8,6 +8,7 @@ unless MLFLOW_TRACKING_URI says otherwise.
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 import warnings
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.data.meta_dataset import MetaDataset
 
 from agentkiln.paths import repo_root
 
@@ -24,6 +27,8 @@ DEFAULT_EXPERIMENT = "agentkiln"
 STAGE_TAG = "agentkiln.stage"
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 MAX_PARAM_KEY = 250
+# The experiment's type for MLflow 3's UI: model training (runs, metrics, models), not GenAI (traces)
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 # What setup() last did in this process: (tracking URI, experiment name, experiment id).
 _setup_state: tuple[str, str, str] | None = None
@@ -77,6 +82,9 @@ def setup(experiment: str = DEFAULT_EXPERIMENT) -> str:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
         exp_id = exp.experiment_id
+    if (exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND):
+        # MLflow 3 opens an experiment without this tag in its GenAI view (traces, evaluations)
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     mlflow.set_experiment(experiment_id=exp_id)
     _setup_state = (uri, experiment, exp_id)
     return exp_id
@@ -186,3 +194,18 @@ def pipeline_run(tags: dict | None = None) -> Iterator[mlflow.ActiveRun]:
                 os.environ.pop(PARENT_ENV, None)
             else:
                 os.environ[PARENT_ENV] = previous
+
+
+def log_split(split_dir: str | Path, context: str = "training") -> None:
+    """Record a task split the active run read as an MLflow dataset input (the run's Inputs): named
+    `tasks/<split>`, its source the split's directory, its digest the split manifest's sha256 (the
+    same hash the frozen panels and dvc.lock lineage use). Nothing when no run is active."""
+    if mlflow.active_run() is None:
+        return
+    split_dir = Path(split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MLflow warns that a local path source is inferred
+        source = resolve_dataset_source(str(split_dir.resolve()))
+    dataset = MetaDataset(source, name=f"tasks/{split_dir.name}", digest=manifest["sha256"][:16])
+    mlflow.log_input(dataset, context=context)

@@ -1,5 +1,5 @@
-"""The MLflow model registry side of promotion: log a policy as a pyfunc model, register it as a
-new version tagged with its lineage, move the `challenger` / `champion` / `previous` aliases.
+"""The MLflow model registry side of promotion: a training run logs its policy (log_policy); promotion
+registers that run's model as a new version tagged with its lineage, moves the `challenger` / `champion` / `previous` aliases.
 
 Serving: `mlflow.pyfunc.load_model("models:/<name>@champion").predict(pd.DataFrame({"prompt": [...]}))`
 returns the greedy continuation of each prompt.
@@ -7,6 +7,7 @@ returns the greedy continuation of each prompt.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import warnings
 from importlib import metadata
@@ -31,6 +32,8 @@ DESCRIPTION = (
     "Version tags hold lineage (git commit, params hash, DVC data hashes) and evaluation scores."
 )
 MAX_TAG_VALUE = 5000
+MODEL_DIGEST_TAG = "agentkiln.model_digest"  # on a training run: the digest of the policy it saved
+MODEL_URI_TAG = "agentkiln.model_uri"  # ... and the URI of its logged model
 
 
 def _requirement(dist: str, fallback: str) -> str:
@@ -133,33 +136,94 @@ def _client() -> MlflowClient:
     return MlflowClient()
 
 
+def model_digest(model_dir: Path) -> str:
+    """sha256 over the policy directory's files (relative path + bytes): which training run wrote
+    this model, without writing a run id into the (DVC-versioned, byte-deterministic) directory."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(model_dir)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _log_pyfunc(model_dir: Path):
+    with warnings.catch_warnings():
+        # An input example would make MLflow run the model at logging time: deliberately none.
+        warnings.filterwarnings("ignore", message=".*input example was not provided.*")
+        return mlflow.pyfunc.log_model(
+            name="policy",
+            python_model=PolicyModel(),
+            artifacts={"policy": str(model_dir)},
+            pip_requirements=pip_requirements(),
+            signature=signature(),
+        )
+
+
+def log_policy(model_dir: Path) -> str | None:
+    """Log the policy a training run just saved as that run's model (MLflow's Models tab) and tag
+    the run with the directory's digest, so promotion registers *this* run's model and the registry
+    version points at the run that trained it. Nothing without an active run; returns the model URI.
+
+    The flavour is a pyfunc holding the policy directory, not mlflow.transformers: a policy is more
+    than weights + tokenizer (agent.json: its action format and context; manifest.json: the file
+    checksums that load_policy verifies), and the transformers flavour re-saves the model and drops
+    both. `mlflow.pyfunc.load_model(uri).predict` still serves it, and agentkiln loads the directory."""
+    if mlflow.active_run() is None:
+        return None
+    model_dir = Path(model_dir)
+    info = _log_pyfunc(model_dir)
+    mlflow.set_tags({MODEL_DIGEST_TAG: model_digest(model_dir), MODEL_URI_TAG: info.model_uri})
+    return info.model_uri
+
+
+def trained_model_uri(model_dir: Path) -> str | None:
+    """The model URI logged by the newest training run whose model has `model_dir`'s digest."""
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list", max_results=1,
+                              filter_string=f"tags.`{MODEL_DIGEST_TAG}` = '{model_digest(model_dir)}'",
+                              order_by=["attributes.start_time DESC"])
+    return runs[0].data.tags.get(MODEL_URI_TAG) if runs else None
+
+
 def register_candidate(model_dir: Path, name: str, tags: dict[str, str], metrics: dict[str, float]) -> str:
-    """Log `model_dir` as a pyfunc model in the active run (one is started if none is), register it
-    as a new version of `name`, tag it (lineage + `metric.<k>`), alias it `challenger`.
+    """Register the model of the training run that wrote `model_dir` (found by digest) as a new
+    version of `name`, tag it (lineage + `metric.<k>`), alias it `challenger`. A directory no
+    tracked run trained (e.g. copied in) is logged in the active run instead, and tagged so.
     Returns the version number as a string."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: no such model directory (run the pipeline first)")
-    started = mlflow.active_run() is None
-    if started:
-        mlflow.start_run(run_name="register", log_system_metrics=False)
-    try:
-        with warnings.catch_warnings():
-            # An input example would make MLflow run the model at logging time: deliberately none.
-            warnings.filterwarnings("ignore", message=".*input example was not provided.*")
-            info = mlflow.pyfunc.log_model(
-                name="policy",
-                python_model=PolicyModel(),
-                artifacts={"policy": str(model_dir)},
-                pip_requirements=pip_requirements(),
-                signature=signature(),
-            )
-        for k, v in metrics.items():
+    uri = trained_model_uri(model_dir)
+    tags = dict(tags, **{"model_source": "training run" if uri else "logged at registration (no training run has it)"})
+    for k, v in metrics.items():
+        if mlflow.active_run() is not None:
             mlflow.log_metric(f"candidate/{k}", float(v))
-    finally:
+    if uri is None:
+        started = mlflow.active_run() is None
         if started:
-            mlflow.end_run()
-    return register_version(info.model_uri, name, tags, metrics)
+            mlflow.start_run(run_name="register", log_system_metrics=False)
+        try:
+            uri = _log_pyfunc(model_dir).model_uri
+        finally:
+            if started:
+                mlflow.end_run()
+    return register_version(uri, name, tags, metrics)
+
+
+def describe(version, tags: dict[str, str]) -> str:
+    """The version page's description: its lineage and scores, readable (the tags hold the same for machines)."""
+    data = "\n".join(f"  - `{k.removeprefix('lineage.data.')}`: `{v}`" for k, v in sorted(tags.items())
+                     if k.startswith("lineage.data."))
+    lines = [
+        f"**{tags.get('candidate', '?')}** from stage `{tags.get('stage', '?')}`, trained in run "
+        f"`{version.run_id or '?'}` ({tags.get('model_source', '?')})",
+        f"- git commit: `{tags.get('lineage.git_commit', '?')}`",
+        f"- params.yaml hash: `{tags.get('lineage.params_hash', '?')}`",
+        f"- data and models (dvc.lock):\n{data}" if data else "- data: (no dvc.lock)",
+        f"- panel `{tags.get('eval.panel', '?')}`: success {tags.get('eval.success', '?')} "
+        f"(CI {tags.get('eval.ci_low', '?')} to {tags.get('eval.ci_high', '?')})",
+    ]
+    if "eval.vs_random" in tags:
+        lines.append(f"- against random: {tags['eval.vs_random']}")
+    return "\n".join(lines)
 
 
 def register_version(model_uri: str, name: str, tags: dict[str, str], metrics: dict[str, float]) -> str:
@@ -176,6 +240,7 @@ def register_version(model_uri: str, name: str, tags: dict[str, str], metrics: d
                 raise
             client.create_registered_model(name, description=DESCRIPTION)
         mv = mlflow.register_model(model_uri, name, tags=all_tags)
+        client.update_model_version(name, mv.version, description=describe(mv, all_tags))
         client.set_registered_model_alias(name, CHALLENGER, mv.version)
     return str(mv.version)
 

@@ -10,6 +10,7 @@ champion it actually replaces and every promoted version stays on the `promoted_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -74,9 +75,32 @@ def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, 
     for g in p.guards:
         if (v := guard_value(m, g)) is not None:
             extra[f"eval.{g}"] = f"{v:.4f}"
+    floor = beats_random(outcomes["outcomes"], name, p, ev)
+    if floor is not None:
+        extra["eval.vs_random"] = floor.reason
     version = register_candidate(Path(model_dirs[name]), p.model_name, lineage_tags(root, extra), {p.metric: m[p.metric]})
     result = {"candidate": name, "version": version, "score": m[p.metric], "panel": panel}
+    if floor is not None and not floor.promote:  # registered (a record of the attempt) but never champion
+        return result | {"promoted": False, "reason": f"{name} does not beat the random baseline: {floor.reason}",
+                         "diff": floor.diff, "ci_low": floor.ci_low, "ci_high": floor.ci_high, "failed_guards": []}
     return result | challenge(p, ev, version, extra)
+
+
+def beats_random(outcomes: dict, name: str, p: PromoteParams, ev: EvaluateParams):
+    """The floor (promote.floor = random): the candidate against the random baseline on the same
+    test-panel tasks, by the same paired gate as against a champion (difference > 0 and its paired
+    bootstrap CI above 0). A paired test, not overlapping intervals: both played the same tasks.
+    None when there is no floor."""
+    if p.floor == "none":
+        return None
+    if "random" not in outcomes:
+        raise ValueError("outcomes.json has no `random` baseline to check the promotion floor against; re-run the "
+                         "evaluate stage (dvc repro evaluate) or set promote.floor: none")
+    ids = sorted(outcomes[name]["test"])
+    mine = [int(outcomes[name]["test"][t]) for t in ids]
+    rand = [int(outcomes["random"]["test"][t]) for t in ids]
+    d = gate(mine, rand, 0.0, [], ev.confidence, ev.n_boot, ev.seed)
+    return replace(d, reason=d.reason.replace("champion", "random"))
 
 
 def challenge(p: PromoteParams, ev: EvaluateParams, version: str, tags: dict[str, str]) -> dict:
