@@ -1,38 +1,40 @@
-# agentkiln on the embedded CPU default: installs the project and runs the whole pipeline.
-#   docker build -t agentkiln . && docker run --rm --security-opt seccomp=unconfined \
-#     --security-opt apparmor=unconfined -v "$PWD/out:/app/reports" agentkiln
+# agentkiln images. CPU (default) and GPU differ only in the torch build:
+#   docker build -t agentkiln:cpu .                                  # torch's CPU wheel (no CUDA libraries)
+#   docker build --build-arg TORCH_VARIANT=cu128 -t agentkiln:gpu .  # torch's CUDA 12.8 wheel; run with --gpus all
+# Run (bubblewrap, the tool sandbox, needs user namespaces, which Docker's default seccomp profile blocks):
+#   docker run --rm --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+#     -v agentkiln-data:/app/data -v agentkiln-models:/app/models -v agentkiln-reports:/app/reports \
+#     -v agentkiln-mlflow:/app/mlstore -v agentkiln-dvc-cache:/app/.dvc/cache agentkiln:cpu agentkiln run
+# The volumes keep data, models, reports, the MLflow store (mlflow.db + artifacts) and DVC's cache
+# between containers; a second `agentkiln run` then re-runs nothing. docs/operations.md has more.
 FROM python:3.11-slim
-# bubblewrap: the operating-system sandbox for model-written tool code (docs/sandbox.md)
-RUN apt-get update && apt-get install -y --no-install-recommends git build-essential bubblewrap \
+
+# bubblewrap: the operating-system sandbox for model-written tool code (docs/sandbox.md); git: DVC
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends git bubblewrap \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 agentkiln
+
 WORKDIR /app
-COPY . .
-# Pass --build-arg TORCH_INDEX_URL=<PyTorch's CPU wheel index> for a small CPU-only image;
-# by default pip takes torch 2.13.0 from PyPI. Everything else comes from pyproject.toml.
-# GPU image: --build-arg TORCH_VARIANT=cu128 (or cu126, cu130, ...): torch's CUDA build from PyTorch's
-# wheel index (the CUDA libraries come in the wheels, the driver from the host: NVIDIA Container Toolkit).
-#   docker build --build-arg TORCH_VARIANT=cu128 -t agentkiln:gpu .
-#   docker run --rm --gpus all --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
-#     -v /models:/models:ro -v "$PWD/out:/app/reports" agentkiln:gpu sh -c "python scripts/apply_profile.py \
-#     profiles/gpu-qwen2.5.yaml --set sft.model.source=/models/Qwen2.5-0.5B-Instruct && python -m flows.pipeline"
-# (vLLM rollouts need their own environment: scripts/install_vllm.sh; not in this image.)
-ARG TORCH_INDEX_URL=""
-ARG TORCH_VARIANT=""
-RUN index="${TORCH_INDEX_URL:-${TORCH_VARIANT:+https://download.pytorch.org/whl/$TORCH_VARIANT}}" \
-    && pip install --no-cache-dir torch==2.13.0 ${index:+--index-url "$index"} \
-    && pip install --no-cache-dir -e . \
-    && case "$TORCH_VARIANT" in cu*) python -c "import torch, sys; sys.exit(torch.version.cuda is None and \
-       'TORCH_VARIANT=$TORCH_VARIANT installed a torch without CUDA: ' + torch.__version__)";; esac
+ARG TORCH_VARIANT=cpu
+# Dependencies first, from pyproject.toml alone (a stub package stands in for the source), so an
+# edit of the source does not reinstall them.
+COPY pyproject.toml README.md ./
+RUN mkdir -p src/agentkiln && touch src/agentkiln/__init__.py \
+    && pip install --no-cache-dir torch==2.13.0 --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" \
+    && pip install --no-cache-dir . \
+    && pip uninstall -y agentkiln \
+    && python -c "import torch, sys; v='${TORCH_VARIANT}'; sys.exit((v == 'cpu') != (torch.version.cuda is None) \
+       and f'TORCH_VARIANT={v} installed torch {torch.__version__} (CUDA {torch.version.cuda})')"
+
+COPY --chown=agentkiln:agentkiln . .
+RUN pip install --no-cache-dir --no-deps -e . \
+    && mkdir -p data models reports mlstore .dvc/cache && chown -R agentkiln:agentkiln /app
+
+USER 1000:1000
+# DVC needs a git repository; a build context without .git (.dockerignore) gets a fresh one.
+RUN git init -q && git add -A && git -c user.name=docker -c user.email=docker@localhost commit -qm "image snapshot"
 ENV MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 \
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# DVC needs a git repository; a build context copied without .git gets a fresh one.
-RUN (git rev-parse --git-dir >/dev/null 2>&1 || (git init -q && git add -A \
-    && git -c user.name=docker -c user.email=docker@localhost commit -qm "image snapshot"))
-# never root at run time; tool code refuses to run without bubblewrap, which needs user namespaces:
-#   docker run --rm --security-opt seccomp=unconfined --security-opt apparmor=unconfined agentkiln
-# (Docker's default seccomp profile blocks them; without those flags the tool families fail loudly)
-RUN chown -R agentkiln:agentkiln /app
-USER agentkiln
-ENV AGENTKILN_SANDBOX_ISOLATION=bwrap
-CMD ["python", "-m", "flows.pipeline"]
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 AGENTKILN_SANDBOX_ISOLATION=bwrap AGENTKILN_MLFLOW_DIR=/app/mlstore
+VOLUME ["/app/data", "/app/models", "/app/reports", "/app/mlstore", "/app/.dvc/cache"]
+CMD ["agentkiln", "--help"]

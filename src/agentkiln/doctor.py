@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agentkiln.config import PARAMS_FILE, ParamsError, load_params
 from agentkiln.paths import repo_root
+from agentkiln.tracking import store_dir
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "dvc", "sqlalchemy", "gymnasium", "peft", "deepspeed")
 
@@ -73,7 +74,7 @@ def run_checks(cwd: Path) -> list[Check]:
         checks.append(Check("mlflow", "FAIL" if why else "ok", f"server {uri}" + (f": {why}" if why else ""),
                             "start the tracking server (docs/team.md) or unset MLFLOW_TRACKING_URI" if why else ""))
     else:
-        store = Path(uri.removeprefix("sqlite:///")) if uri and uri.startswith("sqlite:///") else root / "mlflow.db"
+        store = Path(uri.removeprefix("sqlite:///")) if uri and uri.startswith("sqlite:///") else store_dir() / "mlflow.db"
         where = store if store.exists() else store.parent
         ok = os.access(where, os.W_OK)
         checks.append(Check("mlflow", "ok" if ok else "FAIL",

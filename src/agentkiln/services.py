@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentkiln.registry.ui import MlflowServer, ServerError, free_port, log_tail, stop_process
-from agentkiln.tracking import tracking_uri
+from agentkiln.tracking import TRAINING_VIEW, store_dir, tracking_uri
 
 
 class PrefectServer:
@@ -61,12 +61,13 @@ class PrefectServer:
 
 def serve_uis(root: Path, mlflow_port: int, prefect_port: int, out: Callable[[str], object] = print) -> None:
     """Both UIs on loopback until Ctrl-C (or SIGTERM), then both stopped."""
-    mlflow_server = MlflowServer(tracking_uri(), root / "mlartifacts", port=mlflow_port)
+    mlflow_server = MlflowServer(tracking_uri(), store_dir() / "mlartifacts", port=mlflow_port)
     prefect_server = PrefectServer(port=prefect_port)
     try:
         mlflow_url = mlflow_server.wait()
         api = prefect_server.wait()
-        out(f"MLflow UI:  {mlflow_url}   (store {tracking_uri()})")
+        # MLflow 3's UI opens in its GenAI mode unless told: this link opens (and remembers) model training
+        out(f"MLflow UI:  {mlflow_url}/{TRAINING_VIEW}   (store {tracking_uri()})")
         out(f"Prefect UI: {prefect_server.ui_url}")
         out(f"Flows report to this Prefect server once you: export PREFECT_API_URL={api}")
         out("Ctrl-C stops both.")

@@ -3,7 +3,7 @@
 Stages run in separate processes (DVC starts each one), so the parent run id travels in the
 environment variable AGENTKILN_PARENT_RUN_ID. The store is a SQLite file at the repository root
 (absolute path, so that a stage run from a copy of the repository reports to the same database)
-unless MLFLOW_TRACKING_URI says otherwise.
+unless MLFLOW_TRACKING_URI says otherwise (AGENTKILN_MLFLOW_DIR moves the default store's directory).
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ DEFAULT_EXPERIMENT = "agentkiln"
 STAGE_TAG = "agentkiln.stage"
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 MAX_PARAM_KEY = 250
-# The experiment's type for MLflow 3's UI: model training (runs, metrics, models), not GenAI (traces)
+# The experiment's type for MLflow 3's UI: model training (runs, metrics, models), not GenAI (traces).
+# The UI's mode is also a per-browser setting (GenAI by default): TRAINING_VIEW, appended to the
+# server's URL, opens the experiments in the model-training mode, and the browser keeps it.
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+TRAINING_VIEW = "#/experiments?workflowType=machine_learning"
 
 # What setup() last did in this process: (tracking URI, experiment name, experiment id).
 _setup_state: tuple[str, str, str] | None = None
@@ -36,13 +39,19 @@ _setup_state: tuple[str, str, str] | None = None
 
 
 
+def store_dir() -> Path:
+    """Where the default store lives (mlflow.db + mlartifacts/): the repository root, or
+    AGENTKILN_MLFLOW_DIR (a volume in the Docker image)."""
+    return Path(os.environ.get("AGENTKILN_MLFLOW_DIR") or repo_root())
+
+
 def _default_uri() -> str:
-    return "sqlite:///" + str((repo_root() / "mlflow.db").resolve())
+    return "sqlite:///" + str((store_dir() / "mlflow.db").resolve())
 
 
 def default_store_path() -> Path | None:
     """The SQLite file of the store in use when it is this project's default one, else None."""
-    return None if os.environ.get("MLFLOW_TRACKING_URI") else repo_root() / "mlflow.db"
+    return None if os.environ.get("MLFLOW_TRACKING_URI") else store_dir() / "mlflow.db"
 
 
 def tracking_uri() -> str:
@@ -56,7 +65,7 @@ def artifact_location() -> str | None:
     user = os.environ.get("MLFLOW_TRACKING_URI")
     if user and user != _default_uri():
         return None
-    return (repo_root() / "mlartifacts").resolve().as_uri()
+    return (store_dir() / "mlartifacts").resolve().as_uri()
 
 
 def setup(experiment: str = DEFAULT_EXPERIMENT) -> str:

@@ -315,7 +315,7 @@ def dump_dom(url: str, virtual_time_ms: int = VIRTUAL_TIME_MS, timeout: float = 
 def _default_store() -> tuple[str, Path]:
     from agentkiln import tracking  # imports mlflow: only for the command's defaults
 
-    return tracking.tracking_uri(), tracking.repo_root() / "mlartifacts"
+    return tracking.tracking_uri(), tracking.store_dir() / "mlartifacts"
 
 
 def _sqlite_path(uri: str) -> Path | None:
