@@ -80,6 +80,18 @@ def test_missing_policies_and_summary_edge_cases(tmp_path):
     assert summary_line(tie).startswith("Best policy: **sft**")  # tie -> earlier in pipeline order
 
 
+def test_headline_never_crowns_a_policy_below_random():
+    """The issue's case: 'Best policy: sft (0.0%)' while random scored 6%."""
+    m = {"random": {"success": 0.06, "ci_low": 0.02, "ci_high": 0.15}, "sft": {"success": 0.0, "ci_low": 0.0, "ci_high": 0.07}}
+    line = summary_line(m)
+    assert line.startswith("No trained policy beats the random baseline (6.0%)") and "Best policy" not in line
+    assert "**sft**, has 0.0% success, 95% CI [0.0%, 7.0%]" in line
+    m["sft"] = {"success": 0.1, "ci_low": 0.04, "ci_high": 0.2}
+    assert "above random (6.0%) but the 95% intervals overlap; sft vs random: +4.0 points" in summary_line(m)
+    m["sft"] = {"success": 0.5, "ci_low": 0.4, "ci_high": 0.6}
+    assert summary_line(m).startswith("Best policy: **sft** (50.0% success, 95% CI [40.0%, 60.0%]), above random (6.0%);")
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_values_become_null(tmp_path, bad):
     m = _metrics()
@@ -116,3 +128,43 @@ def test_eval_md_breaks_success_down_per_family_and_ood(tmp_path):
     write_reports(_with_families(), tmp_path / "again")  # identical input, identical bytes
     for f in ("eval.md", "success.png", "metrics.json"):
         assert (tmp_path / f).read_bytes() == (tmp_path / "again" / f).read_bytes()
+
+
+def test_every_rate_plot_carries_its_ci_and_the_page_its_provenance(tmp_path):
+    """Per-family bars have error bars, pass@k and the RL success curve a band; eval.html names the
+    commit, its date and the params hash (the commit's date, so the same inputs give the same bytes)."""
+    from agentkiln.evaluate import report
+
+    m = _metrics()
+    for p in m.values():
+        p["by_family"] = {"sokoban": {"success": 0.5, "ci_low": 0.3, "ci_high": 0.7, "n_tasks": 10},
+                          "textworld": {"success": 0.2, "ci_low": 0.05, "ci_high": 0.5, "n_tasks": 10}}
+    m["rl"]["pass_at_k"], m["rl"]["n_tasks"] = {"1": 0.5, "2": 0.7}, 20
+    drawn = []
+    from matplotlib.axes import Axes
+
+    orig_bar, orig_fill = Axes.bar, Axes.fill_between
+
+    def bar(self, *a, **k):
+        drawn.append(("bar", self.get_title(), k.get("yerr") is not None))
+        return orig_bar(self, *a, **k)
+
+    def fill(self, *a, **k):
+        drawn.append(("band", self.get_title(), True))
+        return orig_fill(self, *a, **k)
+
+    curve = tmp_path / "curve.csv"
+    curve.write_text("iteration,success,kl,entropy,episodes\n1,0.25,0.0,1.0,8\n2,0.5,0.01,0.9,8\n")
+    Axes.bar, Axes.fill_between = bar, fill
+    try:
+        meta = {"commit": "abc123", "commit date": "2026-11-23T10:00:00+00:00", "params.yaml": "p0"}
+        report.write_reports(m, tmp_path / "a", curves={"main": curve}, meta=meta)
+    finally:
+        Axes.bar, Axes.fill_between = orig_bar, orig_fill
+    assert drawn and all(has_ci for _, _, has_ci in drawn)
+    assert sum(kind == "band" for kind, _, _ in drawn) == 2  # pass@k (rl) and the RL success curve
+    assert sum(kind == "bar" for kind, _, _ in drawn) == 4 + 1  # per family x 4 policies, + the overall bars
+    html = (tmp_path / "a" / "eval.html").read_text()
+    assert "commit <code>abc123</code>" in html and "2026-11-23T10:00:00+00:00" in html and "<code>p0</code>" in html
+    report.write_reports(m, tmp_path / "b", curves={"main": curve}, meta=meta)
+    assert (tmp_path / "a" / "eval.html").read_bytes() == (tmp_path / "b" / "eval.html").read_bytes()

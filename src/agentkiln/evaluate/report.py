@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+from agentkiln.evaluate.stats import wilson_interval
+
 POLICY_ORDER = ("random", "oracle", "sft", "rl", "distilled")
 DECIMALS = 4
 BASELINES = ("random", "oracle")
@@ -72,7 +74,18 @@ def summary_line(metrics: dict) -> str:
     # to the earlier policy in pipeline order.
     trained = [p for p in names if p not in BASELINES] or names
     best = max(trained, key=lambda p: float(metrics[p].get("success", 0.0)))
-    parts = [f"Best policy: **{best}** ({_pct(metrics[best].get('success'))} success)"]
+    b, rand = metrics[best], metrics.get("random")
+    ci = f", 95% CI [{_pct(b['ci_low'])}, {_pct(b['ci_high'])}]" if b.get("ci_low") is not None else ""
+    if best in BASELINES or rand is None:
+        parts = [f"Best policy: **{best}** ({_pct(b.get('success'))} success{ci})"]
+    elif float(b.get("success", 0.0)) <= float(rand.get("success", 0.0)):
+        # never crown a policy that does no better than acting at random
+        parts = [f"No trained policy beats the random baseline ({_pct(rand.get('success'))}): the best, "
+                 f"**{best}**, has {_pct(b.get('success'))} success{ci}"]
+    else:
+        clear = b.get("ci_low") is not None and rand.get("ci_high") is not None and b["ci_low"] > rand["ci_high"]
+        parts = [f"Best policy: **{best}** ({_pct(b.get('success'))} success{ci}), above random "
+                 f"({_pct(rand.get('success'))}){'' if clear else ' but the 95% intervals overlap'}"]
     for new, old in (("sft", "random"), ("rl", "sft"), ("distilled", "rl")):
         if new in metrics and old in metrics:
             gain = 100 * (float(metrics[new]["success"]) - float(metrics[old]["success"]))
@@ -175,11 +188,14 @@ def render_png(metrics: dict, path: Path) -> None:
         for k, p in enumerate(names):
             by = metrics[p].get("by_family", {})
             x = [i + (k - (len(names) - 1) / 2) * width for i in range(len(families))]
-            ax2.bar(x, [float(by[f]["success"]) if f in by else 0.0 for f in families], width, label=p,
-                    edgecolor="black", linewidth=0.4)
-        ax2.set_xticks(range(len(families)), families, rotation=20, fontsize=8)
+            succ = [float(by[f]["success"]) if f in by else 0.0 for f in families]
+            lo = [max(0.0, v - float(by[f]["ci_low"])) if f in by else 0.0 for f, v in zip(families, succ)]
+            hi = [max(0.0, float(by[f]["ci_high"]) - v) if f in by else 0.0 for f, v in zip(families, succ)]
+            ax2.bar(x, succ, width, yerr=[lo, hi], capsize=2, label=p, edgecolor="black", linewidth=0.4,
+                    error_kw={"elinewidth": 0.8})
+        ax2.set_xticks(range(len(families)), families, rotation=30, ha="right", fontsize=8)
         ax2.set_ylim(0, 1)
-        ax2.set_title("Success per family (test panel)", fontsize=10)
+        ax2.set_title("Success per family, test panel (95% Wilson CI)", fontsize=10)
         ax2.grid(axis="y", alpha=0.3)
         ax2.set_axisbelow(True)
         ax2.legend(fontsize=7)
@@ -290,12 +306,18 @@ def render_pass_k_png(metrics: dict, path: Path) -> bool:
     ax = fig.add_subplot(1, 1, 1)
     for p in names:
         pts = sorted((int(k), float(v)) for k, v in metrics[p]["pass_at_k"].items())
-        ax.plot([k for k, _ in pts], [v for _, v in pts], marker="o", label=p)
+        line, = ax.plot([k for k, _ in pts], [v for _, v in pts], marker="o", label=p)
+        # band: a Wilson 95% interval over the panel's tasks (pass@k is a per-task rate averaged over them)
+        n = int(metrics[p].get("n_tasks") or 0)
+        if n:
+            band = [wilson_interval(round(v * n), n) for _, v in pts]
+            ax.fill_between([k for k, _ in pts], [b[0] for b in band], [b[1] for b in band], alpha=0.2,
+                            color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (sampled episodes per task)")
     ax.set_ylabel("pass@k")
     ax.set_ylim(0, 1)
-    ax.set_title("pass@k on the test panel", fontsize=10)
+    ax.set_title("pass@k on the test panel (band: 95% Wilson CI)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -319,9 +341,12 @@ def render_curves_png(curves: dict[str, Path], path: Path) -> bool:
     for name, rs in rows.items():
         x = [offset + int(r["iteration"]) for r in rs]
         for ax, col in zip(axes, ("success", "kl", "entropy")):
-            ax.plot(x, [float(r[col]) if r.get(col) not in (None, "") else math.nan for r in rs], label=f"rl@{name}")
+            line, = ax.plot(x, [float(r[col]) if r.get(col) not in (None, "") else math.nan for r in rs], label=f"rl@{name}")
+            if col == "success" and all(r.get("episodes") for r in rs):  # the iteration's episodes: a Wilson band
+                band = [wilson_interval(round(float(r["success"]) * int(r["episodes"])), int(r["episodes"])) for r in rs]
+                ax.fill_between(x, [b[0] for b in band], [b[1] for b in band], alpha=0.2, color=line.get_color())
         offset = x[-1]
-    for ax, title in zip(axes, ("rollout success (sampled)", "KL to the reference", "entropy of actions")):
+    for ax, title in zip(axes, ("rollout success (band: 95% Wilson CI)", "KL to the reference", "entropy of actions")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL iteration")
         ax.grid(alpha=0.3)
@@ -343,7 +368,8 @@ def _html_table(md: str) -> str:
     return "\n".join(out + ["</table>"])
 
 
-def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, images: list[Path]) -> str:
+def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, images: list[Path],
+                meta: dict | None = None) -> str:
     import base64
     import html
 
@@ -352,6 +378,11 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}",
              "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%}",
              "</style></head><body>", "<h1>agentkiln evaluation</h1>", f"<p>{html.escape(summary_line(metrics)).replace('**', '')}</p>"]
+    if meta:  # what produced this page: commit, params, the commit's date (not the wall clock: same bytes)
+        parts.append("<p class='meta'>" + " &middot; ".join(f"{html.escape(k)} <code>{html.escape(str(v))}</code>"
+                                                           for k, v in meta.items()) + "</p>")
+    if images and (Path(images[0]).parent / "trajectories.html").is_file():  # written just before
+        parts.append("<p><a href='trajectories.html'>Episodes turn by turn</a> (the trajectory viewer)</p>")
     if panels:
         parts.append("<p>Panels: " + ", ".join(f"{html.escape(k)} <code>{html.escape(v)}</code>" for k, v in sorted(panels.items())) + "</p>")
     for img in images:
@@ -371,7 +402,8 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
 
 
 def write_reports(metrics: dict, out_dir: Path, comparisons: list[dict] | None = None,
-                  curves: dict[str, Path] | None = None, panels: dict | None = None) -> list[Path]:
+                  curves: dict[str, Path] | None = None, panels: dict | None = None,
+                  meta: dict | None = None) -> list[Path]:
     """Write metrics.json, eval.md, eval.html, success.csv, passk.csv and the PNGs into `out_dir`;
     comparisons.json when comparisons are given. Returns the files written."""
     out_dir = Path(out_dir)
@@ -388,6 +420,6 @@ def write_reports(metrics: dict, out_dir: Path, comparisons: list[dict] | None =
     for name, render in (("passk.png", lambda p: render_pass_k_png(rounded, p)), ("curves.png", lambda p: render_curves_png(curves, p))):
         if render(out_dir / name):  # always written (a note when there is nothing to plot)
             images.append(out_dir / name)
-    (out_dir / "eval.html").write_text(render_html(rounded, comparisons, panels, images))
+    (out_dir / "eval.html").write_text(render_html(rounded, comparisons, panels, images, meta))
     return [out_dir / n for n in ("metrics.json", "comparisons.json", "eval.md", "eval.html", "success.csv", "passk.csv",
                                   "success.png", "passk.png", "curves.png")]

@@ -35,6 +35,12 @@ def git_commit(root: str | Path) -> str:
     return sha + ("-dirty" if status else "")
 
 
+def commit_date(root: str | Path) -> str:
+    """HEAD's commit date (ISO 8601), "unknown" outside git: a report's date that stays the same
+    for the same commit (a wall-clock date would change the bytes of every re-run)."""
+    return _git(Path(root), "log", "-1", "--format=%cI") or "unknown"
+
+
 def params_hash(path: str | Path) -> str:
     """First 16 hex chars of sha256 of params.yaml's bytes ("missing" when there is no file)."""
     path = Path(path)

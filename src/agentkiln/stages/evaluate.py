@@ -15,12 +15,16 @@ from pathlib import Path
 from agentkiln import fanout
 from agentkiln.config import Params
 from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
-from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, success_rates
+from agentkiln.evaluate import trajectories
+from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, records, success_rates
 from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
 from agentkiln.evaluate.report import write_reports
 from agentkiln.evaluate.stats import compare_paired
+from agentkiln.paths import repo_root
 from agentkiln.policy import load_policy
+from agentkiln.registry import lineage
 from agentkiln.rollout.agents import PolicyAgent
+from agentkiln.rollout.engine import run_episodes
 
 PANELS = ("test", "ood")
 
@@ -62,12 +66,16 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
     metrics: dict[str, dict] = {}
     per_task: dict[str, dict] = {}
     sampled: dict[str, dict[str, float]] = {}  # policy -> task -> success rate over its pass@k samples
+    shown: dict[str, list] = {}  # policy -> the test episodes the trajectory viewer shows
     for name in p.policies:
         policy = None if name in ("random", "oracle") else load_policy(model_dirs[name], compute=params.compute)
         for panel, tasks in panels.items():
             # a fresh agent per panel: the random baseline's draws do not depend on which panels exist
-            recs = play(greedy_agent(name, policy, params), tasks, tasks_dir, p.max_turns, levels=levels,
-                        panel=panel, progress=f"eval {name} {panel}")
+            episodes = run_episodes(greedy_agent(name, policy, params), tasks, tasks_dir, p.max_turns,
+                                    progress=f"eval {name} {panel}")
+            recs = records(episodes, tasks, 1, levels, panel)
+            if panel == "test":
+                shown[name] = trajectories.sample(episodes)
             m = panel_summary(recs, p.confidence)
             per_task.setdefault(name, {})[panel] = {r["task_id"]: int(r["won"]) for r in recs}
             if panel == "test":
@@ -98,5 +106,9 @@ def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], r
     reports_dir.mkdir(parents=True, exist_ok=True)
     (reports_dir / "outcomes.json").write_text(json.dumps({"panels": panel_ids, "outcomes": per_task},
                                                           indent=1, sort_keys=True) + "\n")
-    write_reports(metrics, reports_dir, comparisons=comparisons, curves=curves, panels=panel_ids)
+    root = repo_root()
+    meta = {"commit": lineage.git_commit(root), "commit date": lineage.commit_date(root),
+            "params.yaml": lineage.params_hash(root / "params.yaml"), "seed": params.evaluate.seed}
+    trajectories.write(shown, reports_dir / "trajectories.html")
+    write_reports(metrics, reports_dir, comparisons=comparisons, curves=curves, panels=panel_ids, meta=meta)
     return metrics
