@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_browser.sh
+bash scripts/install_postgres.sh
 # vLLM's own CPU venv (tests/test_vllm_rollout.py) builds in the background while the other tests run; the test's fixture waits on its lock
 c="${AGENTKILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentkiln}"; mkdir -p "$c"; AGENTKILN_VLLM_TARGET=cpu nohup bash scripts/install_vllm.sh >"$c/install_vllm.log" 2>&1 &
 set +e

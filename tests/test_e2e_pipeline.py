@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentkiln.registry import ui
 from tests.conftest import copy_worktree
+from tests.team_services import postgres_available, postgres_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -57,21 +61,100 @@ def sh(args, cwd, env):
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
+def store(tmp_path_factory):
+    """Where the e2e pipeline tracks: a team's MLflow server on PostgreSQL with a shared artifact
+    root when PostgreSQL can run here (CI installs it: scripts/install_postgres.sh), else the
+    laptop default, a SQLite file. Yields (MLFLOW_TRACKING_URI, kind)."""
+    why = postgres_available()
+    if why is not None:
+        yield None, f"sqlite ({why})"
+        return
+    with postgres_cluster() as db, ui.start_server(db, tmp_path_factory.mktemp("shared_artifacts")) as server:
+        yield server, "postgresql"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, store):
+    """The tiny pipeline run once, as a team member runs it: tracked on `store`, its data and models
+    pushed to a DVC directory remote and its dvc.lock committed (what `git push` would share)."""
     dst = tmp_path_factory.mktemp("e2e") / "agentkiln"
     copy_worktree(dst)
     params = merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{dst / 'mlflow.db'}"
+    env["MLFLOW_TRACKING_URI"] = store[0] or f"sqlite:///{dst / 'mlflow.db'}"
     env.pop("AGENTKILN_PARENT_RUN_ID", None)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
     sh(["git", "init", "-q"], dst, env)
+    sh([sys.executable, "-m", "dvc", "remote", "add", "-d", "team", str(tmp_path_factory.mktemp("dvc_remote"))], dst, env)
     sh([*git, "add", "-A"], dst, env)
     sh([*git, "commit", "-qm", "snapshot"], dst, env)
     sh([sys.executable, "-m", "flows.pipeline"], dst, env)
+    sh([sys.executable, "-m", "dvc", "push"], dst, env)
+    sh([*git, "add", "dvc.lock"], dst, env)
+    sh([*git, "commit", "-qm", "pipeline run"], dst, env)
     return dst, env, (dst / "reports/metrics.json").read_bytes()  # metrics of the first, original-params run
+
+
+def test_a_fresh_clone_pulls_what_the_run_pushed_and_repro_runs_nothing(repo, tmp_path):
+    """A teammate's machine: git clone, dvc pull from the team's remote, and the pipeline is up to
+    date: every stage's outputs arrive with the hashes the run recorded; dvc repro runs nothing."""
+    dst, env, first = repo
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(dst), str(clone)], tmp_path, env)
+    assert not (clone / "models/sft").exists() and not (clone / "data/tasks").exists()
+    out = sh([sys.executable, "-m", "dvc", "pull"], clone, env)
+    assert "fetched" in out.lower() or "added" in out.lower(), out
+    assert (clone / "reports/metrics.json").read_bytes() == first
+    assert (clone / "models/sft/config.json").is_file() and (clone / "data/tasks/test/manifest.json").is_file()
+    status = sh([sys.executable, "-m", "dvc", "status"], clone, env)
+    assert "up to date" in status, status
+    out = sh([sys.executable, "-m", "dvc", "repro"], clone, env)
+    assert "Running stage" not in out, out
+
+
+def test_the_store_is_the_team_server_when_postgresql_runs_here(repo, store):
+    """CI runs the pipeline against MLflow on PostgreSQL; without PostgreSQL this says why."""
+    if store[1] != "postgresql":
+        pytest.skip(store[1])
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store[0], store[0])
+    runs = client.search_runs([client.get_experiment_by_name("agentkiln").experiment_id])
+    assert {"pipeline", "sft", "evaluate", "promote"} <= {r.info.run_name for r in runs}
+    assert client.get_registered_model("agentkiln-policy").latest_versions
+
+
+def test_mlflow_ui_shows_training_runs_models_inputs_and_lineage(repo, store, tmp_path):
+    """The MLflow UI on the run's store: the experiment in the training view, the sft run with its
+    logged model and dataset inputs, the registered version naming its training run (REST API).
+    AGENTKILN_SAVE_SCREENSHOT=1 also takes the docs' screenshots with Chromium (docs/images/)."""
+    from mlflow import MlflowClient
+
+    dst, env, _ = repo
+    uri = env["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri, uri)
+    exp = client.get_experiment_by_name("agentkiln")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    sft = next(r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == "sft")
+    assert [i.dataset.name for i in sft.inputs.dataset_inputs] == ["tasks/sft"]
+    assert client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{sft.info.run_id}'")
+    version = client.get_model_version_by_alias("agentkiln-policy", "challenger")
+    trained_by = client.get_run(version.run_id)
+    assert trained_by.info.run_name in {"sft", "rl-h6", "distill"} and version.tags["model_source"] == "training run"
+    assert trained_by.info.run_id in version.description and "git commit" in version.description
+    if not os.environ.get("AGENTKILN_SAVE_SCREENSHOT"):
+        return  # the UI's rendering is checked in tests/test_mlflow_server.py; pictures on demand (CI time)
+    with contextlib.ExitStack() as stack:
+        base = uri if uri.startswith("http") else stack.enter_context(ui.start_server(uri, dst / "mlartifacts"))
+        pages = {"mlflow_experiment.png": f"{base}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning",
+                 "mlflow_training_run.png": f"{base}/#/experiments/{exp.experiment_id}/runs/{sft.info.run_id}",
+                 "mlflow_model_version.png": ui.model_url(base, version=version.version)}
+        for name, url in pages.items():
+            png = ui.screenshot(url, tmp_path / name, width=1500, height=1100)
+            assert png.stat().st_size > 30_000
+            shutil.copyfile(png, ROOT / "docs" / "images" / name)
 
 
 def test_pipeline_writes_metrics_for_every_policy(repo):
