@@ -50,9 +50,8 @@ def project() -> Path:
 def run_module(module: str, *args: str) -> None:
     """`python -m module args` in the project root, this interpreter first on PATH (DVC's stage
     commands say `python`); exits with its status."""
-    root = project()
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-    raise typer.Exit(subprocess.call([sys.executable, "-m", module, *args], cwd=root, env=env))
+    raise typer.Exit(subprocess.call([sys.executable, "-m", module, *args], cwd=project(), env=env))
 
 
 def check_overrides(root: Path, overrides: list[str]) -> None:
@@ -102,8 +101,7 @@ def stage(name: Annotated[str, typer.Argument(help="a stage of dvc.yaml, e.g. sf
     names = dvc_stages(root)
     if name not in names:
         fail(f"no stage {name!r} in dvc.yaml; stages: {', '.join(names)}")
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-    raise typer.Exit(subprocess.call([sys.executable, "-m", "dvc", "repro", name], cwd=root, env=env))
+    run_module("dvc", "repro", name)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

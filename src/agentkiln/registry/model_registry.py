@@ -193,9 +193,8 @@ def register_candidate(model_dir: Path, name: str, tags: dict[str, str], metrics
         raise FileNotFoundError(f"{model_dir}: no such model directory (run the pipeline first)")
     uri = trained_model_uri(model_dir)
     tags = dict(tags, **{"model_source": "training run" if uri else "logged at registration (no training run has it)"})
-    for k, v in metrics.items():
-        if mlflow.active_run() is not None:
-            mlflow.log_metric(f"candidate/{k}", float(v))
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics({f"candidate/{k}": float(v) for k, v in metrics.items()})
     if uri is None:
         started = mlflow.active_run() is None
         if started:
