@@ -2,7 +2,8 @@
 with a cron schedule (`python -m flows.pipeline --serve`), and deployed to a process work pool
 executed by `prefect worker start` (`--pool`). The server must list the upcoming scheduled runs; a
 triggered run must complete on tiny params with the stages as its subflows, its log lines (DVC's
-output) and the stages' markdown artifacts.
+output) and the stages' markdown artifacts. A pipeline stopped by Ctrl-C or SIGTERM mid-stage leaves
+no flow run RUNNING.
 
 AGENTKILN_SAVE_SCREENSHOT=1 also screenshots the deployment page (upcoming runs) and the completed
 run (its subflows) in headless Chromium, into docs/images/."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -169,3 +171,33 @@ def test_work_pool_worker_runs_the_deployment(server, repo, tmp_path):
             assert done.state.is_completed(), (done.state, (tmp_path / "worker.log").read_text()[-5000:])
     finally:
         stop_process(worker)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, sig):
+    """Ctrl-C (SIGINT) or `kill` (SIGTERM) in the middle of a stage: the pipeline run, the stage's
+    subflow run and the task run linking them end in a final state (CRASHED), none stays RUNNING."""
+    from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter
+
+    dst, env = repo
+    with client(server) as c:
+        before = {r.id for r in c.read_flow_runs(limit=200)}
+        proc = background([sys.executable, "-m", "flows.pipeline", "--force"], dst, env, tmp_path / "stopped.log")
+        try:
+            def a_stage_running():
+                runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(state={"type": {"any_": ["RUNNING"]}}))
+                new = [r for r in runs if r.id not in before]
+                return new if any(r.parent_task_run_id for r in new) else None
+
+            running = wait_for("a stage running under the pipeline", a_stage_running, 120, proc)
+            proc.send_signal(sig)
+            proc.wait(timeout=60)
+        finally:
+            stop_process(proc)
+        assert proc.returncode == (130 if sig == signal.SIGINT else 128 + signal.SIGTERM), proc.log.read_text()[-3000:]
+        pipeline = next(r for r in running if not r.parent_task_run_id)
+        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id for r in running]}))
+        tasks = c.read_task_runs(task_run_filter=TaskRunFilter(id={"any_": [r.parent_task_run_id for r in running
+                                                                             if r.parent_task_run_id]}))
+        assert {r.name: r.state.type.value for r in runs} == {r.name: "CRASHED" for r in runs}, pipeline.name
+        assert all(t.state.is_final() for t in tasks), [(t.name, t.state) for t in tasks]
