@@ -20,6 +20,7 @@ from prefect import flow, runtime
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.exceptions import ObjectAlreadyExists
+from prefect.settings import PREFECT_API_URL
 
 from agentkiln import lifecycle, tracking
 from agentkiln.config import ParamsError, load_params
@@ -97,6 +98,11 @@ def main() -> None:
         load_params(overrides=args.overrides)
     except ParamsError as e:
         print(f"agentkiln: {e}", file=sys.stderr)
+        sys.exit(2)
+    if (args.serve or args.pool) and not PREFECT_API_URL.value():
+        # Prefect would serve on a temporary server that has no scheduler: a schedule that never runs.
+        print("agentkiln: a schedule needs a long-lived Prefect server: start one (`agentkiln ui` or "
+              "`prefect server start`) and export PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
         sys.exit(2)
     parameters = {"force": args.force, "overrides": args.overrides}
     if args.serve:

@@ -201,3 +201,14 @@ def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, s
                                                                              if r.parent_task_run_id]}))
         assert {r.name: r.state.type.value for r in runs} == {r.name: "CRASHED" for r in runs}, pipeline.name
         assert all(t.state.is_final() for t in tasks), [(t.name, t.state) for t in tasks]
+
+
+def test_a_schedule_without_a_prefect_server_is_refused(tmp_path):
+    """Prefect would serve on a temporary server, which has no scheduler: no run would ever start."""
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path))
+    env.pop("PREFECT_API_URL", None)
+    for mode in (["--serve"], ["--pool", "agentkiln-test"]):
+        r = subprocess.run([sys.executable, "-m", "flows.pipeline", *mode, "--cron", "0 3 * * *"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "PREFECT_API_URL" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert not list(tmp_path.iterdir()), "nothing may be created before the refusal"
