@@ -46,6 +46,7 @@ FORCE_AFTER_S = 30.0  # after the first signal, the cleanup gets this long befor
 GROUP_GRACE_S = 15.0  # a child process group gets this long after SIGTERM before SIGKILL
 
 _watchdog: list[int] = []  # its pid: not one of the children to stop at exit (it ends by itself)
+_prefect_stopping: list[int] = []  # a SIGTERM Prefect's handler has turned into its crash handling
 _received: list[int] = []  # the termination signals received (or 0: a KeyboardInterrupt noted), in order
 
 
@@ -91,6 +92,11 @@ def _chain_prefect_handler() -> None:
         return
 
     def forwarding(signum, *args):
+        # A second SIGTERM (a stage under DVC gets one from its group and one when DVC dies) must not
+        # interrupt Prefect recording the crash: the flow run would stay RUNNING.
+        if _prefect_stopping:
+            return
+        _prefect_stopping.append(signum)
         if not _received:
             _forward(signum)
         return original(signum, *args)
