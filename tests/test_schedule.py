@@ -199,7 +199,7 @@ def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, s
         runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id for r in running]}))
         tasks = c.read_task_runs(task_run_filter=TaskRunFilter(id={"any_": [r.parent_task_run_id for r in running
                                                                              if r.parent_task_run_id]}))
-        assert {r.name: r.state.type.value for r in runs} == {r.name: "CRASHED" for r in runs}, pipeline.name
+        assert {r.name: r.state.type.value for r in runs} == {r.name: "CRASHED" for r in runs}, (pipeline.name, proc.log.read_text()[-3000:])
         assert all(t.state.is_final() for t in tasks), [(t.name, t.state) for t in tasks]
 
 
