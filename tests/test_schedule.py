@@ -89,7 +89,10 @@ def wait_for(what, fn, timeout=120.0, proc=None):
 
 def background(argv, repo, env, log: Path):
     with open(log, "wb") as f:
-        proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGINT as at a terminal: a shell's background job (e.g. a CI runner's) inherits it ignored,
+        # and Python then never turns Ctrl-C into KeyboardInterrupt
+        proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     proc.log = log
     return proc
 
