@@ -135,25 +135,6 @@ def test_read_json_names_the_file_and_line(tmp_path):
         read_json(f)
 
 
-def test_the_registry_serving_wrapper_checks_the_manifest_too(saved, tmp_path):
-    """A registered model is served from its policy directory: overwritten weights are refused there
-    as well, naming the file, before anything is generated."""
-    from types import SimpleNamespace
-
-    from agentkiln.registry.model_registry import PolicyModel
-
-    d = copy(saved, tmp_path)
-    model = PolicyModel(max_new_tokens=2)
-    model.load_context(SimpleNamespace(artifacts={"policy": str(d)}))
-    assert len(model.predict(None, ["go north"])) == 1  # the intact directory serves
-    weights = load_file(d / "model.safetensors")
-    save_file({k: torch.full_like(v, 0.5) for k, v in weights.items()}, d / "model.safetensors")
-    fresh = PolicyModel(max_new_tokens=2)
-    fresh.load_context(SimpleNamespace(artifacts={"policy": str(d)}))
-    with pytest.raises(ArtifactError, match=rf"{E(d / 'model.safetensors')}: content changed since it was saved"):
-        fresh.predict(None, ["go north"])
-
-
 def test_a_damaged_training_checkpoint_is_refused_naming_it(tmp_path):
     from agentkiln.trainers import checkpoint
 

@@ -275,10 +275,12 @@ def test_register_promote_and_serve(store):
     mv = client.get_model_version(name, "1")
     assert mv.run_id == run.info.run_id and mv.tags["candidate"] == "sft"
 
+    # served by MLflow's transformers flavour: a text-generation pipeline (prompt + continuation)
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
-    out = model.predict(pd.DataFrame({"prompt": ["go north >", "take coin"]}))
-    assert isinstance(out, list) and len(out) == 2 and all(isinstance(s, str) for s in out)
-    assert model.predict(pd.DataFrame({"prompt": ["go"]}), params={"max_new_tokens": 1}) is not None
+    assert model.metadata.flavors["transformers"]["task"] == "text-generation"
+    out = model.predict(["go north >", "take coin"], params={"max_new_tokens": 2})
+    assert isinstance(out, list) and len(out) == 2 and out[0].startswith("go north")
+    assert len(model.predict(pd.DataFrame({"prompt": ["go"]}))) == 1
     assert any(r.startswith("mlflow") for r in mr.pip_requirements())
 
 
@@ -311,13 +313,49 @@ def test_registered_version_points_at_the_training_run_with_inputs_and_lineage(s
     assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "training"
     exp = client.get_experiment(run.info.experiment_id)
     assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"  # MLflow 3's training view
-    assert mr.download_policy(f"models:/{name}/{version}").joinpath("config.json").is_file()
+    # the version comes back as the very directory that was trained, byte for byte
+    assert mr.model_digest(mr.download_policy(f"models:/{name}/{version}")) == mr.model_digest(model)
     # a directory no training run logged is registered from the active run, and says so
     other = _tiny_policy(tmp / "copied", 4)
     with tracking.stage_run("promote") as promote_run:
         v2 = mr.register_candidate(other, name, {"candidate": "sft"}, {"success": 0.1})
     mv2 = client.get_model_version(name, v2)
     assert mv2.run_id == promote_run.info.run_id and mv2.tags["model_source"].startswith("logged at registration")
+
+
+def test_a_logged_policy_is_the_transformers_flavour_and_comes_back_checked(store):
+    """A real saved policy (scratch model, BPE tokenizer, agent.json, manifest): the logged model is the
+    transformers flavour plus the policy's other files; download_policy rebuilds the directory, which
+    loads; weights overwritten in the artifact store are refused at load, naming the file."""
+    from safetensors.torch import load_file, save_file
+
+    from agentkiln.artifacts import ArtifactError
+    from agentkiln.config import ModelParams
+    from agentkiln.policy import AgentFormat, build_scratch_policy
+    from agentkiln.policy.model import load_policy, save_policy
+
+    tmp = store["tmp"]
+    sizes = ModelParams(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, vocab_size=300, max_context=256)
+    pol = build_scratch_policy(sizes, ["go north > take coin", "look around"] * 8, AgentFormat(system_prompt="Play."), seed=0)
+    saved = save_policy(pol, tmp / "scratch" / "sft")
+    with tracking.stage_run("sft"):
+        uri = mr.log_policy(saved)
+    local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp / "logged")))
+    assert "transformers" in (local / "MLmodel").read_text()
+    assert sorted(p.name for p in (local / mr.POLICY_FILES).iterdir()) == sorted(
+        p.name for p in saved.iterdir() if not p.name.endswith(mr.WEIGHTS_SUFFIX))
+    version = mr.register_version(uri, "agentkiln-policy-flavour", {"candidate": "sft"}, {"success": 0.5})
+    back = mr.download_policy(f"models:/agentkiln-policy-flavour/{version}", tmp / "back")
+    assert mr.model_digest(back) == mr.model_digest(saved)
+    assert load_policy(back).fmt.system_prompt == "Play."  # agent.json came back with the weights
+    # overwrite the weights in the artifact store
+    overwritten = tmp / "overwritten" / "model.safetensors"
+    overwritten.parent.mkdir()
+    save_file({k: v * 0 + 0.5 for k, v in load_file(local / "model" / "model.safetensors").items()}, overwritten)
+    mlflow.MlflowClient().log_model_artifact(uri.removeprefix("models:/"), str(overwritten), "model")
+    damaged = mr.download_policy(f"models:/agentkiln-policy-flavour/{version}", tmp / "damaged")
+    with pytest.raises(ArtifactError, match=r"model\.safetensors: content changed since it was saved"):
+        load_policy(damaged)
 
 
 def test_register_candidate_refuses_a_missing_dir(store, tmp_path):

@@ -1,20 +1,24 @@
 """The MLflow model registry side of promotion: a training run logs its policy (log_policy); promotion
 registers that run's model as a new version tagged with its lineage, moves the `challenger` / `champion` / `previous` aliases.
 
-Serving: `mlflow.pyfunc.load_model("models:/<name>@champion").predict(pd.DataFrame({"prompt": [...]}))`
-returns the greedy continuation of each prompt.
+A logged policy is MLflow's transformers flavour (a text-generation pipeline) plus the policy's own
+files (agent.json, the manifest) under `agentkiln/`. Serving:
+`mlflow.pyfunc.load_model("models:/<name>@champion").predict(["prompt", ...], params={"max_new_tokens": 8})`;
+agentkiln itself loads the policy directory again (download_policy), checked by its manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shutil
+import tempfile
 import warnings
 from importlib import metadata
 from pathlib import Path
 
 import mlflow
-import pandas as pd
+from huggingface_hub import ModelCard
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
@@ -34,6 +38,8 @@ DESCRIPTION = (
 MAX_TAG_VALUE = 5000
 MODEL_DIGEST_TAG = "agentkiln.model_digest"  # on a training run: the digest of the policy it saved
 MODEL_URI_TAG = "agentkiln.model_uri"  # ... and the URI of its logged model
+POLICY_FILES = "agentkiln"  # in a logged model: the policy directory's files, less its weights
+WEIGHTS_SUFFIX = ".safetensors"  # the policy's weight files: the transformers flavour holds those
 
 
 def _requirement(dist: str, fallback: str) -> str:
@@ -56,77 +62,11 @@ def pip_requirements() -> list[str]:
     ]
 
 
-class PolicyModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper of a policy directory saved with `save_pretrained` (model + tokenizer).
-
-    predict: a DataFrame with a `prompt` column (or a list of strings) -> list of greedy
-    continuations (up to `max_new_tokens` new tokens each, special tokens removed)."""
-
-    def __init__(self, max_new_tokens: int = 8):
-        self.max_new_tokens = max_new_tokens
-        self.policy_dir: str | None = None
-        self._model = None
-        self._tokenizer = None
-
-    def load_context(self, context):
-        self.policy_dir = context.artifacts["policy"]
-        self._model = self._tokenizer = None  # loaded on the first predict
-
-    def _load(self):
-        if self._model is None:
-            import torch  # torch-heavy imports only where a model is loaded (the registry CLI stays light)
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            from agentkiln.policy.model import saved_meta
-
-            saved_meta(Path(self.policy_dir))  # the manifest's checks: every file present, hashes match
-            self._tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
-            self._model = AutoModelForCausalLM.from_pretrained(self.policy_dir, dtype=torch.float32).eval()
-        return self._model, self._tokenizer
-
-    @staticmethod
-    def _prompts(model_input) -> list[str]:
-        if isinstance(model_input, str):
-            return [model_input]
-        if hasattr(model_input, "columns"):  # pandas DataFrame
-            if "prompt" not in model_input.columns:
-                raise ValueError(f"model input needs a 'prompt' column, got {list(model_input.columns)}")
-            return [str(p) for p in model_input["prompt"].tolist()]
-        if isinstance(model_input, dict):
-            return [str(p) for p in model_input["prompt"]]
-        return [str(p) for p in model_input]
-
-    # The pd.DataFrame hint tells MLflow "no schema inferred from hints" (it warns without one).
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> list[str]:
-        import torch
-
-        model, tok = self._load()
-        max_new = int((params or {}).get("max_new_tokens", self.max_new_tokens))
-        eos = tok.eos_token_id
-        pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-        out = []
-        with torch.no_grad():
-            for prompt in self._prompts(model_input):  # one at a time: no padding subtleties
-                ids = tok(prompt, return_tensors="pt")["input_ids"]
-                if ids.shape[1] == 0:  # generate needs at least one token
-                    start = tok.bos_token_id if tok.bos_token_id is not None else (eos if eos is not None else 0)
-                    ids = torch.tensor([[start]])
-                gen = model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=max_new,
-                    do_sample=False,
-                    pad_token_id=pad,
-                    eos_token_id=eos,
-                )
-                out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True).strip())
-        return out
-
-
 def signature() -> ModelSignature:
-    """Input: a `prompt` string column; output: one string per row; param max_new_tokens."""
+    """Input: one prompt string per row; output: its generated text; param max_new_tokens (passed to
+    `generate`). Declared, so that MLflow infers nothing by running the model at logging time."""
     return ModelSignature(
-        inputs=Schema([ColSpec("string", "prompt")]),
+        inputs=Schema([ColSpec("string")]),
         outputs=Schema([ColSpec("string")]),
         params=ParamSchema([ParamSpec("max_new_tokens", "long", 8)]),
     )
@@ -145,32 +85,53 @@ def model_digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-def _log_pyfunc(model_dir: Path):
+def _model_card(model_dir: Path) -> ModelCard:
+    """The card MLflow stores with the model (given, so that MLflow does not look one up on a hub)."""
+    return ModelCard(f"---\nlicense: other\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n"
+                     f"# agentkiln policy `{model_dir.name}`\n\n{DESCRIPTION}\n")
+
+
+def _log_transformers(model_dir: Path):
+    """Log `model_dir` as MLflow's transformers flavour (weights + tokenizer, a text-generation
+    pipeline), then the policy's other files under POLICY_FILES: MLflow re-saves the model and
+    tokenizer (tokenizer_config.json comes out with other bytes) and has no place for agent.json (the
+    action format and context) or the manifest. download_policy puts the directory back together from
+    the two and its manifest checks every byte."""
+    import torch  # torch-heavy imports only where a model is loaded (the registry CLI stays light)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # An absolute path is never a hub repo id: MLflow's license lookup (keyed by the model's
+    # name_or_path) fails on it locally, with nothing sent, whether or not HF_HUB_OFFLINE is set.
+    src = Path(model_dir).resolve()
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
     with warnings.catch_warnings():
         # An input example would make MLflow run the model at logging time: deliberately none.
         warnings.filterwarnings("ignore", message=".*input example was not provided.*")
-        return mlflow.pyfunc.log_model(
+        info = mlflow.transformers.log_model(
+            transformers_model={"model": model, "tokenizer": tokenizer},
             name="policy",
-            python_model=PolicyModel(),
-            artifacts={"policy": str(model_dir)},
+            task="text-generation",
             pip_requirements=pip_requirements(),
             signature=signature(),
+            model_card=_model_card(src),
         )
+    with tempfile.TemporaryDirectory(prefix="agentkiln-policy-files-") as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(f"*{WEIGHTS_SUFFIX}"))
+        _client().log_model_artifacts(info.model_id, tmp, POLICY_FILES)
+    return info
 
 
 def log_policy(model_dir: Path) -> str | None:
-    """Log the policy a training run just saved as that run's model (MLflow's Models tab) and tag
-    the run with the directory's digest, so promotion registers *this* run's model and the registry
-    version points at the run that trained it. Nothing without an active run; returns the model URI.
-
-    The flavour is a pyfunc holding the policy directory, not mlflow.transformers: a policy is more
-    than weights + tokenizer (agent.json: its action format and context; manifest.json: the file
-    checksums that load_policy verifies), and the transformers flavour re-saves the model and drops
-    both. `mlflow.pyfunc.load_model(uri).predict` still serves it, and agentkiln loads the directory."""
+    """Log the policy a training run just saved as that run's model (MLflow's Models tab, the
+    transformers flavour) and tag the run with the directory's digest, so promotion registers *this*
+    run's model and the registry version points at the run that trained it. Nothing without an
+    active run; returns the model URI. Seconds for the default tiny policy."""
     if mlflow.active_run() is None:
         return None
     model_dir = Path(model_dir)
-    info = _log_pyfunc(model_dir)
+    info = _log_transformers(model_dir)
     mlflow.set_tags({MODEL_DIGEST_TAG: model_digest(model_dir), MODEL_URI_TAG: info.model_uri})
     return info.model_uri
 
@@ -200,7 +161,7 @@ def register_candidate(model_dir: Path, name: str, tags: dict[str, str], metrics
         if started:
             mlflow.start_run(run_name="register", log_system_metrics=False)
         try:
-            uri = _log_pyfunc(model_dir).model_uri
+            uri = _log_transformers(model_dir).model_uri
         finally:
             if started:
                 mlflow.end_run()
@@ -303,21 +264,29 @@ def rollback(name: str) -> tuple[str, str]:
 
 def download_policy(uri: str, dst: str | Path | None = None) -> Path:
     """The policy directory of a registered model version (`models:/<name>@<alias>` or
-    `models:/<name>/<version>`), downloaded from the registry's artifact store."""
-    import tempfile
+    `models:/<name>/<version>`), downloaded from the registry's artifact store and put back together:
+    the flavour's weights (model/) + the policy's other files (POLICY_FILES/). The caller's
+    load_policy checks the result against the policy's manifest."""
+    import yaml
 
     dst = Path(dst or tempfile.mkdtemp(prefix="agentkiln-model-"))
     try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst))
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst / "logged")))
     except MlflowException as e:
         raise FileNotFoundError(f"{uri}: not found in the registry at {mlflow.get_tracking_uri()} ({e.message})") from e
-    import yaml
-
-    mlmodel = yaml.safe_load((Path(local) / "MLmodel").read_text())
-    try:  # where log_model put the `policy` artifact (artifacts/<directory name>)
-        policy = Path(local) / mlmodel["flavors"]["python_function"]["artifacts"]["policy"]["path"]
-    except (KeyError, TypeError):
-        raise FileNotFoundError(f"{uri}: not an agentkiln policy model (its MLmodel has no `policy` artifact)") from None
+    flavors = yaml.safe_load((local / "MLmodel").read_text()).get("flavors") or {}
+    if "transformers" in flavors and (local / POLICY_FILES).is_dir():
+        policy = dst / "policy"
+        shutil.copytree(local / POLICY_FILES, policy)
+        weights = local / flavors["transformers"].get("model_binary", "model")
+        for f in sorted(weights.glob(f"*{WEIGHTS_SUFFIX}")):
+            shutil.copy2(f, policy / f.name)
+    else:  # a version logged by an earlier agentkiln: a pyfunc holding the directory as its `policy` artifact
+        try:
+            policy = local / flavors["python_function"]["artifacts"]["policy"]["path"]
+        except (KeyError, TypeError):
+            raise FileNotFoundError(f"{uri}: not an agentkiln policy model (no {POLICY_FILES}/ beside a "
+                                    "transformers flavour, no `policy` artifact)") from None
     if not (policy / "config.json").is_file():
         raise FileNotFoundError(f"{uri}: the downloaded model has no policy directory at {policy}")
     return policy
