@@ -148,11 +148,15 @@ def test_mlflow_ui_shows_training_runs_models_inputs_and_lineage(repo, store, tm
         return  # the UI's rendering is checked in tests/test_mlflow_server.py; pictures on demand (CI time)
     with contextlib.ExitStack() as stack:
         base = uri if uri.startswith("http") else stack.enter_context(ui.start_server(uri, dst / "mlartifacts"))
-        pages = {"mlflow_experiment.png": f"{base}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning",
-                 "mlflow_training_run.png": f"{base}/#/experiments/{exp.experiment_id}/runs/{sft.info.run_id}",
-                 "mlflow_model_version.png": ui.model_url(base, version=version.version)}
-        for name, url in pages.items():
-            png = ui.screenshot(url, tmp_path / name, width=1500, height=1100)
+        # ?workflowType=machine_learning: MLflow 3.17's UI picks GenAI / Model training per browser (GenAI by
+        # default); sorted by run name, the runs list is flat (every stage run, its datasets and models)
+        ml = "?workflowType=machine_learning"
+        by_name = "&orderByKey=tags.%60mlflow.runName%60&orderByAsc=true"
+        pages = {"mlflow_experiment.png": (f"{base}/#/experiments/{exp.experiment_id}/runs{ml}{by_name}", 700),
+                 "mlflow_training_run.png": (f"{base}/#/experiments/{exp.experiment_id}/runs/{trained_by.info.run_id}{ml}", 1800),
+                 "mlflow_model_version.png": (ui.model_url(base, version=version.version) + ml, 1100)}
+        for name, (url, height) in pages.items():
+            png = ui.screenshot(url, tmp_path / name, width=1500, height=height)
             assert png.stat().st_size > 30_000
             shutil.copyfile(png, ROOT / "docs" / "images" / name)
 
