@@ -37,7 +37,7 @@ def _use_store(uri: str) -> None:
     mlflow.set_registry_uri(uri)
 
 
-def _log_model(policy_dir: str) -> str:
+def _log_model() -> str:
     """The model every version is registered from (logged once: racing registration needs no model logging)."""
     import mlflow
 
@@ -58,7 +58,7 @@ def _promoter(w: int, uri: str, policy_dir: str, uris, barrier, q) -> None:
         if w == 0:
             model_uri = None
             try:
-                model_uri = _log_model(policy_dir)
+                model_uri = _log_model()
             finally:
                 uris.put(model_uri)
         else:
