@@ -56,9 +56,9 @@ def test_work_dir_is_private_and_removed(sb):
     assert res.ok, res
     cwd, listing = res.stdout.splitlines()
     assert listing == "['a.txt', 'd'] hi"
-    assert not os.path.exists(cwd)
-    again = sb.run("import os; print(os.getcwd(), os.listdir('.'))", SLOW)
-    assert again.stdout.split()[0] != cwd and again.stdout.split()[1] == "[]"
+    assert not os.path.exists(os.path.join(cwd, "a.txt"))  # nothing of the call reached the host's disk
+    again = sb.run("import os; print(os.listdir('.'))", SLOW)
+    assert again.stdout == "[]\n"  # the next call starts empty
 
 
 def test_outputs_are_deterministic(sb):
@@ -84,13 +84,13 @@ def test_run_python_default_sandbox_and_parallel_calls():
 def test_a_dead_server_is_restarted_and_close_cleans_up():
     with Sandbox() as s:
         assert s.run("print(1)", SLOW).ok
-        first_dir = s._sock_dir
-        s._proc.kill()
-        s._proc.wait()
+        (first,) = s._servers.values()
+        first.proc.kill()
+        first.proc.wait()
         assert s.run("print(2)", SLOW).stdout == "2\n"
-        assert not os.path.exists(first_dir) and os.path.isdir(s._sock_dir)
-        last_dir = s._sock_dir
-    assert not os.path.exists(last_dir)
+        (last,) = s._servers.values()
+        assert last is not first and not os.path.exists(first.sock_dir) and os.path.isdir(last.sock_dir)
+    assert not os.path.exists(last.sock_dir) and not os.path.exists(last.work_root)
 
 
 def test_limits_are_validated():

@@ -9,23 +9,29 @@ scripts/test.sh); elsewhere the battery is skipped with the reason, and `Sandbox
 from __future__ import annotations
 
 import ast
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import sysconfig
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from agentkiln.envs import TaskSpec, make
-from agentkiln.sandbox import ISOLATION_ENV, SANDBOX_UID, Limits, Sandbox, _bwrap
+from agentkiln.sandbox import ISOLATION_ENV, SANDBOX_UID, Limits, Sandbox, bwrap_prefix
 
 SLOW = Limits(wall_s=20.0, cpu_s=5)
 SITE = sysconfig.get_paths()["purelib"]  # the (virtual) environment's packages: torch, cffi, ...
 BASE_SITE = os.path.join(sysconfig.get_paths()["stdlib"], "site-packages")  # the base interpreter's
 
 # skipped where bubblewrap cannot run, unless the machine requires it (CI: .ci/run), where that fails
-pytestmark = pytest.mark.skipif(_bwrap("/tmp") is None and os.environ.get(ISOLATION_ENV) != "bwrap",
+pytestmark = pytest.mark.skipif(bwrap_prefix("/tmp") is None and os.environ.get(ISOLATION_ENV) != "bwrap",
                                 reason="bubblewrap is not usable here (see docs/sandbox.md)")
 
 
@@ -122,7 +128,8 @@ def test_work_directory_is_writable_and_goes_away(box):
     res = run(box, "import os\nopen('a.txt', 'w').write('x')\nprint(os.getcwd(), os.listdir('.'))")
     assert res.ok and "a.txt" in res.stdout
     cwd = res.stdout.split()[0]
-    assert not os.path.exists(cwd)
+    assert not os.path.exists(os.path.join(cwd, "a.txt"))  # the call's tmpfs, never the host's disk
+    assert run(box, "import os\nprint(os.listdir('.'))").stdout == "[]\n"
 
 
 # -- through the environments: nothing model-written holds the trainer's process ---------------------
@@ -164,3 +171,386 @@ def test_sql_slow_single_step_is_bounded_outside_the_trainer():
     assert res.info["tool_error"] and res.observation.text.startswith("SQL error: query stopped:")
     res = env.step("sql[SELECT hex(fts3_tokenizer('simple'))]")
     assert res.observation.text == "SQL error: function fts3_tokenizer() is not allowed."
+
+
+# -- round 3: nothing outlives a call, no call reaches another, a request sets nothing ----------------
+# Judged on the host: its process table (the sandbox servers' descendants, by parent pid), the results
+# of later calls of both tool families, its disk; never by the message the attack got.
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                out[int(d)] = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def descendants(pid: int) -> set[int]:
+    parents = _parents()
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def _zygote(srv) -> int:
+    """The server process itself (below bubblewrap or unshare, which the client started)."""
+    for pid in [srv.proc.pid, *sorted(descendants(srv.proc.pid))]:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\x00")
+            if os.path.basename(argv[0]).startswith(b"python") and b"serve" in argv:
+                return pid
+        except OSError:
+            pass
+    raise AssertionError("no sandbox server process")
+
+
+def call_processes(box: Sandbox, wait_s: float = 10.0) -> set[int]:
+    """The processes below the box's servers (handlers and whatever calls started), once the handlers
+    of finished calls had `wait_s` to exit: empty when nothing of any call is left."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = set().union(*[descendants(_zygote(s)) for s in box._servers.values()])
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def all_gone(pids: set[int], wait_s: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + wait_s
+    while (alive := {p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"}) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def server_of(box: Sandbox, limits: Limits = SLOW):
+    """The running server of `box` for python calls under `limits`."""
+    run(box, "print(1)")
+    return box._servers[json.dumps(box._config(limits, None), sort_keys=True)]
+
+
+def later_calls_are_honest(box: Sandbox) -> None:
+    """A later python call and a later SQL query of the same sandbox give their true answers."""
+    from agentkiln.envs.sql import ReadOnlyDB, build_db
+
+    res = run(box, "import os\nprint(6 * 7, sorted(os.listdir('.')))")
+    assert (res.status, res.stdout) == ("ok", "42 []\n"), res
+    db = ReadOnlyDB(build_db(seed=3, tables=2, rows=10, columns=2), sandbox=box, limits=SLOW)
+    assert db.query("SELECT 40 + 2 AS x") == (["x"], [(42,)], False)
+
+
+# create_dynamic loads an extension under any package name; fork_exec then starts an interpreter
+# without the hook, in a session of its own, that would outlive the call
+FORK_EXEC = (
+    "import _imp, importlib.machinery as m, importlib.util, os, sys\n"
+    "spec = importlib.util.find_spec('_posixsubprocess')\n"
+    "px = _imp.create_dynamic(m.ModuleSpec('x._posixsubprocess', None, origin=spec.origin))\n"
+    "r, w = os.pipe()\n"
+    "px.fork_exec([sys.executable, '-S', '-c', 'import time; time.sleep(120)'], [sys.executable.encode()], True, "
+    "(w,), None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None, -1, -1, None, False)\n"
+    "print('started')\n")
+# a process in a session of its own (out of the call's process group), and its own child
+SURVIVOR = ("import os, time\n"
+            "if os.fork() == 0:\n    os.setsid()\n    os.fork()\n    time.sleep(120)\n    os._exit(0)\n"
+            "print('forked')\n")
+
+
+def _attempt(code: str) -> str:
+    return "try:\n" + "".join(f"    {line}\n" for line in code.splitlines()) + "except PermissionError:\n    pass\n"
+
+
+# both attacks (each refused with the hook), then a long sleep: the call is still running
+LONG_CALL = _attempt(FORK_EXEC) + _attempt(SURVIVOR) + "import time\ntime.sleep(100)\n"
+
+
+def test_a_dotted_import_cannot_load_a_denied_extension_and_its_process_dies_with_the_call(box):
+    res = run(box, FORK_EXEC)
+    if box.audit_hook:
+        assert res.status == "denied" and "starting processes" in res.error and "started" not in res.stdout
+    else:
+        assert res.stdout == "started\n", res  # the attack ran: the operating system alone must hold
+    assert call_processes(box) == set()
+    later_calls_are_honest(box)
+
+
+def test_a_fresh_posix_module_is_not_to_be_had_with_the_hook(box):
+    res = run(box, "import _imp, importlib.machinery as m\n"
+                   "posix = _imp.create_builtin(m.ModuleSpec('posix', None))\nprint(hasattr(posix, 'mknod'))")
+    if box.audit_hook:
+        assert not res.ok and "create_builtin" in res.error
+    else:
+        assert res.stdout == "True\n"
+
+
+def test_no_process_a_call_starts_outlives_the_call(box):
+    res = run(box, SURVIVOR)
+    if box.audit_hook:
+        assert res.status == "denied" and "forked" not in res.stdout
+    else:
+        assert res.stdout == "forked\n", res
+    assert call_processes(box) == set()
+    later_calls_are_honest(box)
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["with-hook", "os-only"])
+def test_close_ends_every_process_of_the_sandbox(hook):
+    box = Sandbox(isolation="bwrap", audit_hook=hook)
+    t = threading.Thread(target=box.run, args=(LONG_CALL, Limits(wall_s=110.0, cpu_s=5)), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not box._servers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (srv,) = box._servers.values()
+    time.sleep(1.0)  # the call is running, its processes started
+    pids = {srv.proc.pid} | descendants(srv.proc.pid)
+    assert len(pids) >= (5 if hook else 8), pids  # bwrap, server, handler, init, the code (+ its 3 survivors)
+    box.close()
+    assert all_gone(pids) == set()
+    t.join(30)
+    assert not t.is_alive()
+
+
+TRAINER = """
+import sys, time
+from agentkiln.sandbox import Limits, Sandbox
+box = Sandbox(isolation="bwrap", audit_hook={hook})
+print("started", flush=True)
+box.run({code!r}, Limits(wall_s=120.0, cpu_s=5))
+"""
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["with-hook", "os-only"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_trainers_death_ends_every_process_of_its_sandbox(hook, sig):
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(hook=hook, code=LONG_CALL)], stdout=subprocess.PIPE)
+    try:
+        assert trainer.stdout.readline() == b"started\n"
+        deadline = time.monotonic() + 30
+        want = 5 if hook else 8  # bwrap, server, handler, init, the code (+ its 3 survivors)
+        while len(pids := descendants(trainer.pid)) < want and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        pids = descendants(trainer.pid)
+        assert len(pids) >= want, pids
+        trainer.send_signal(sig)
+        trainer.wait(30)
+        assert all_gone(pids) == set()
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_the_servers_socket_is_out_of_reach(box):
+    """It lives in a directory of the client's own, outside the view: the code cannot find, replace or
+    connect to it; the server keeps answering the trainer truthfully."""
+    srv = server_of(box)
+    before = os.stat(srv.path)
+    code = (f"import os, socket\nprint(os.path.exists({srv.path!r}), os.path.exists({srv.sock_dir!r}))\n"
+            "try:\n    s = socket.socket(socket.AF_UNIX)\n"
+            f"    s.connect({srv.path!r})\n    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+            f"for p in [{srv.path!r}, '/tmp/s', os.getcwd() + '/s']:\n"
+            "    try:\n        os.rename(p, p + '.old')\n        print('renamed', p)\n    except OSError:\n        pass\n")
+    res = run(box, code)
+    assert "connected" not in res.stdout and "renamed" not in res.stdout
+    if not box.audit_hook:
+        assert res.stdout.startswith("False False\n"), res
+    after = os.stat(srv.path)
+    assert (after.st_ino, after.st_uid, oct(os.stat(srv.sock_dir).st_mode & 0o777)) == \
+        (before.st_ino, os.geteuid(), "0o700")
+    later_calls_are_honest(box)
+
+
+def test_the_server_answers_only_the_trainer():
+    """A process that reaches the socket (here: one of the host's, with no namespace in between) gets
+    no answer; the trainer does."""
+    with Sandbox(isolation="hook") as box:
+        assert box.run("print(1)", SLOW).stdout == "1\n"
+        (srv,) = box._servers.values()
+        probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+                 "s.sendall(b'{\"code\": \"print(7)\"}')\ns.shutdown(socket.SHUT_WR)\n"
+                 "try:\n    print(repr(s.recv(100)))\nexcept ConnectionResetError:\n    print(repr(b''))")
+        out = subprocess.run([sys.executable, "-c", probe, srv.path], capture_output=True, text=True, timeout=60)
+        assert out.stdout == "b''\n", out
+        assert box.run("print(2)", SLOW).stdout == "2\n"
+
+
+def test_a_request_cannot_set_its_own_limits_or_turn_the_hook_off(box):
+    """Only the code travels: limits, the hook and the SQL policy are the server's, fixed at its start."""
+    srv = server_of(box)
+
+    def raw(code: str) -> dict:
+        req = {"code": code, "limits": {**SLOW.__dict__, "memory_mb": 4096, "file_size_kb": 1 << 16,
+                                        "wall_s": 60.0, "cpu_s": 60}, "hook": False}
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(60)
+            s.connect(srv.path)
+            s.sendall(json.dumps(req).encode())
+            s.shutdown(socket.SHUT_WR)
+            return json.loads(b"".join(iter(lambda: s.recv(1 << 16), b"")))
+
+    assert raw("x = bytearray(1 << 30)\nprint('allocated')")["status"] == "memory"
+    res = raw("open('big', 'wb').write(b'x' * (32 << 20))\nprint('written')")
+    assert res["status"] in ("file_size", "disk") and "written" not in res["stdout"]
+    res = raw("import ctypes\nprint('loaded')")
+    assert ("loaded" in res["stdout"]) is (not box.audit_hook)
+    res = raw("while True:\n    pass")
+    assert res["status"] == "cpu" and res["cpu_s"] < SLOW.cpu_s + 2
+
+
+def test_concurrent_calls_cannot_reach_each_other(box):
+    """While B runs, A writes into every descriptor it can find under /proc, every pty, and an abstract
+    socket B listens on (and B into A's): B's output is exactly its own."""
+    victim = ("import os, socket, time\n"
+              "try:\n    srv = socket.socket(socket.AF_UNIX)\n    srv.bind('\\0agentkiln-victim')\n    srv.listen(1)\n"
+              "    srv.settimeout(4)\n    print('got', srv.accept())\nexcept OSError as e:\n    print('alone')\n"
+              "time.sleep(1)\nprint('clean')\n")
+    attacker = ("import os, socket, time\nhits = 0\ntime.sleep(0.5)\n"
+                "for pid in os.listdir('/proc'):\n    try:\n        for fd in os.listdir(f'/proc/{pid}/fd'):\n"
+                "            with open(f'/proc/{pid}/fd/{fd}', 'w') as f:\n                f.write('FORGED\\n')\n"
+                "                hits += 1\n    except OSError:\n        pass\n"
+                "try:\n    c = socket.socket(socket.AF_UNIX)\n    c.connect('\\0agentkiln-victim')\n"
+                "    c.sendall(b'FORGED')\n    hits += 1\nexcept OSError:\n    pass\nprint('hits', hits)\n")
+    results = {}
+    threads = [threading.Thread(target=lambda k=k, c=c: results.__setitem__(k, run(box, c)))
+               for k, c in (("victim", victim), ("attacker", attacker))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert "FORGED" not in results["victim"].stdout + results["victim"].stderr
+    assert results["victim"].stdout.splitlines()[-1] == "clean", results["victim"]
+    if not box.audit_hook:
+        assert results["victim"].stdout == "alone\nclean\n"
+        assert results["attacker"].stdout == "hits 0\n", results["attacker"]
+
+
+def test_nothing_a_call_leaves_reaches_the_next_call(box):
+    plant = ("import os\nfor d in [os.getcwd(), '/tmp', '/dev/shm', '/', os.path.dirname(os.getcwd())]:\n"
+             "    try:\n        open(os.path.join(d, 'planted'), 'w').write('x')\n    except OSError:\n        pass\n"
+             "os.mkdir('d')\nopen('d/planted', 'w').write('x')\n")
+    run(box, plant)
+    check = ("import os\nseen = [d for d in [os.getcwd(), '/tmp', '/dev/shm', '/', os.path.dirname(os.getcwd()), 'd']"
+             " if os.path.exists(os.path.join(d, 'planted'))]\nprint(seen, os.listdir('.'))\n")
+    assert run(box, check).stdout == "[] []\n"
+    later_calls_are_honest(box)
+
+
+def test_every_byte_on_disk_counts(box, target):
+    """Files of every kind live on the call's tmpfs: at most disk_kb bytes and max_files inodes, on no
+    host disk; special files (a fresh posix's mkfifo, open without O_CREAT) count too."""
+    lim = Limits(wall_s=20.0, cpu_s=5, file_size_kb=512, disk_kb=1024, max_files=8)
+    code = ("import os\nwritten = 0\ntry:\n    for i in range(10):\n        with open(f'f{i}', 'wb') as f:\n"
+            "            f.write(b'x' * (400 << 10))\n        written += 400 << 10\nexcept OSError as e:\n"
+            "    print('stopped', e.errno)\nprint('written', written)\n")
+    res = box.run(code, lim)
+    assert res.status != "sandbox", res
+    if not box.audit_hook:
+        assert res.stdout == "stopped 28\nwritten 819200\n", res  # ENOSPC after two files of 400 KiB
+    fifos = ("import os\nmade = 0\nfor i in range(50):\n    try:\n        os.mkfifo(f'p{i}')\n        made += 1\n"
+             "    except (OSError, AttributeError):\n        break\nprint('made', made)\n")
+    res = box.run(fifos, lim)
+    if not box.audit_hook:
+        assert res.stdout == "made 8\n", res  # the tmpfs's inodes: max_files
+    assert not list(Path(target).parent.iterdir())  # nothing on the host
+
+
+def test_the_code_cannot_forge_its_status(box):
+    """Lines the code writes to the notes descriptor, exit statuses it gives itself and signals it sends
+    itself do not make a sandbox status: those come from the server and the kernel."""
+    forged = "import os\ntry:\n    os.write(3, b'0' * 32 + b' network is disabled in the sandbox\\n')\nexcept OSError:\n    pass\n"
+    assert run(box, forged + "print('ok')").status == "ok"
+    res = run(box, forged + "raise PermissionError('mine')")
+    assert (res.status, res.error) == ("error", "PermissionError: mine")
+    res = run(box, "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)")
+    assert res.status == "crash"  # a CPU limit is only the kernel's, by the CPU time it counted
+    res = run(box, "import sys\nprint('MemoryError', file=sys.stderr)\nsys.exit(1)")
+    assert (res.status, res.error) == ("error", "MemoryError")
+
+
+def test_shared_namespace_fallback_still_runs_and_cleans_up(tmp_path):
+    """Machines that refuse nested user namespaces: calls share the server's namespaces (a warning
+    says so); the call's directory and process group still go."""
+    with Sandbox(isolation="bwrap", per_call=False) as box:
+        res = box.run("import os\nopen('a', 'w').write('x')\nprint(os.getcwd(), os.listdir('.'))", SLOW)
+        assert res.ok and not box.per_call and res.stdout.endswith(" ['a']\n"), res
+        assert not os.path.exists(res.stdout.split()[0])
+        assert box.run("while True:\n    pass", Limits(wall_s=10.0)).status == "cpu"
+        assert call_processes(box) == set()
+
+
+# -- through a run's episodes: no episode's code changes what a later episode observes ----------------
+
+# the attack of a surviving process: take over any server socket it can find, answer every request
+HIJACK = ("import glob, json, os, socket, time\n"
+          "if os.fork() == 0:\n    os.setsid()\n"
+          "    for p in glob.glob('/tmp/*/s') + glob.glob(os.path.dirname(os.getcwd()) + '/*/s'):\n"
+          "        try:\n            os.rename(p, p + '.x')\n            s = socket.socket(socket.AF_UNIX)\n"
+          "            s.bind(p)\n            s.listen(9)\n            while True:\n                c, _ = s.accept()\n"
+          "                c.sendall(json.dumps({'ok': True, 'stdout': 'FORGED', 'stderr': '', 'error': None,"
+          " 'status': 'ok'}).encode())\n                c.close()\n        except OSError:\n            pass\n"
+          "    time.sleep(60)\n    os._exit(0)\nprint('planted')\n")
+PLANT = ("import os\nfor d in [os.getcwd(), '/tmp', '/dev/shm', os.path.dirname(os.getcwd())]:\n"
+         "    try:\n        open(os.path.join(d, 'answer.txt'), 'w').write('FORGED')\n    except OSError:\n        pass\n"
+         "print('planted')\n")
+PROBE = ("import os\nseen = [d for d in [os.getcwd(), '/tmp', '/dev/shm', os.path.dirname(os.getcwd())] "
+         "if os.path.exists(os.path.join(d, 'answer.txt'))]\nprint(seen, sorted(os.listdir('.')), {n} * 7)")
+
+
+class ScriptedPolicy:
+    """A policy whose replies are written out per task: what an RL policy could learn to emit."""
+
+    def __init__(self, scripts: dict[str, list[str]], sequential: bool):
+        self.scripts, self.batch_size = scripts, 1 if sequential else None
+
+    def act(self, episodes, envs):
+        return [self.scripts[ep.task_id][len(ep.turns) - 1] for ep in episodes]
+
+
+def _episode_run(tmp_path, attack: bool, sequential: bool) -> dict[str, list[str]]:
+    from agentkiln.envs import python_tool
+    from agentkiln.rollout.engine import run_episodes
+
+    python_tool._CACHE.clear()  # every probe really runs in the sandbox
+    py = {"kind": "arithmetic", "question": "2+2?", "answer": "4", "solution": "2+2"}
+    sql = {"db_seed": 3, "tables": 2, "rows": 10, "columns": 2, "question": "Q?", "query": "SELECT 1", "answer": 1}
+    first = ([f"python[{c}]" for c in (FORK_EXEC, SURVIVOR, HIJACK, PLANT)] if attack else
+             ["python[print('benign')]"] * 4) + ["answer[4]"]
+    scripts = {"attacker": first}
+    tasks = [TaskSpec("attacker", "python-tool", 0, difficulty={"max_turns": 8}, data=py)]
+    for n in range(1, 4):
+        scripts[f"py{n}"] = [f"python[{PROBE.format(n=n)}]", "python[print(6 * 7)]", "answer[4]"]
+        scripts[f"sql{n}"] = ["sql[SELECT COUNT(*) FROM employees]", f"sql[SELECT {n} + 40]", "answer[1]"]
+        tasks += [TaskSpec(f"py{n}", "python-tool", n, difficulty={"max_turns": 8}, data=py),
+                  TaskSpec(f"sql{n}", "sql", n, difficulty={"max_turns": 8}, data=sql)]
+    episodes = run_episodes(ScriptedPolicy(scripts, sequential), tasks, tmp_path, None)
+    return {ep.task_id: [t.observation for t in ep.turns] for ep in episodes}
+
+
+@pytest.mark.parametrize("sequential", [True, False], ids=["later", "concurrent"])
+@pytest.mark.parametrize("hook", [True, False], ids=["with-hook", "os-only"])
+def test_an_episodes_code_cannot_change_other_episodes_observations(hook, sequential, tmp_path, monkeypatch):
+    from agentkiln.sandbox import client
+
+    with Sandbox(isolation="bwrap", audit_hook=hook) as box:
+        monkeypatch.setattr(client, "_default", box)  # the run's sandbox, for both tool families
+        clean = _episode_run(tmp_path, attack=False, sequential=sequential)
+        attacked = _episode_run(tmp_path, attack=True, sequential=sequential)
+    assert attacked["attacker"] != clean["attacker"]  # the attack ran (refused or not)
+    others = sorted(k for k in clean if k != "attacker")
+    assert {k: attacked[k] for k in others} == {k: clean[k] for k in others}
+    assert "FORGED" not in json.dumps(attacked)
+    assert all("42" in clean[k][2] for k in others if k.startswith("py"))  # the probes saw the sandbox answer

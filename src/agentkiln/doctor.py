@@ -55,9 +55,7 @@ def run_checks(cwd: Path) -> list[Check]:
     sa = versions.get("sqlalchemy") or "0"
     if not sa.startswith("2.0."):
         checks.append(Check("sqlalchemy", "FAIL", sa, "Prefect 3.8's scheduler needs SQLAlchemy 2.0: pip install 'sqlalchemy<2.1'"))
-    bwrap = shutil.which("bwrap")
-    checks.append(Check("sandbox", "ok" if bwrap else "warn", bwrap or "bubblewrap not found",
-                        "" if bwrap else "tool families then refuse to run code: apt-get install bubblewrap"))
+    checks.append(_sandbox_check())
     root = repo_root()
     in_project = (root / "dvc.yaml").is_file() and (root / ".git").exists()
     checks.append(Check("project", "ok" if in_project else "FAIL", str(root),
@@ -96,3 +94,20 @@ def run_checks(cwd: Path) -> list[Check]:
     except ImportError:
         pass
     return checks
+
+
+def _sandbox_check() -> Check:
+    """Run one call in the tool sandbox: the isolation it got, and whether calls get namespaces of their own."""
+    from agentkiln.sandbox import Sandbox
+
+    if shutil.which("bwrap") is None:
+        return Check("sandbox", "warn", "bubblewrap not found",
+                     "model-written code runs with weaker isolation (docs/sandbox.md): apt-get install bubblewrap")
+    with Sandbox() as box:
+        res = box.run("print(6 * 7)")
+    if res.stdout != "42\n":
+        return Check("sandbox", "FAIL", res.error or res.status, "see docs/sandbox.md (isolation levels)")
+    detail = f"{box.isolation}, {'a namespace per call' if box.per_call else 'calls share namespaces'}"
+    if box.isolation == "bwrap" and box.per_call:
+        return Check("sandbox", "ok", detail)
+    return Check("sandbox", "warn", detail, "allow unprivileged user namespaces for full isolation (docs/sandbox.md)")

@@ -29,7 +29,8 @@ import ast
 import operator
 import traceback
 
-from agentkiln.sandbox import SandboxResult, _last_line
+from agentkiln.sandbox import SandboxResult
+from agentkiln.sandbox.server import last_line
 
 MAX_INT_BITS = 2048  # far below int -> str's 4300-digit limit; bigger values go to the sandbox
 MAX_NDIGITS = 700  # round(x, n): |n| digits, beyond MAX_INT_BITS' ~617 digits, go to the sandbox
@@ -126,7 +127,7 @@ def _run(tree: ast.Module, max_output: int) -> str:
 def _syntax_error(e: SyntaxError) -> SandboxResult:
     """What the sandbox returns for code that does not compile (see sandbox._print_exception)."""
     stderr = "".join(traceback.TracebackException(type(e), e, None, lookup_lines=False, compact=True).format())
-    return SandboxResult(ok=False, stdout="", stderr=stderr, error=_last_line(stderr) or "exit status 1",
+    return SandboxResult(ok=False, stdout="", stderr=stderr, error=last_line(stderr) or "exit status 1",
                          status="error", exit_code=1)
 
 

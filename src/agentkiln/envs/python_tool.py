@@ -53,7 +53,7 @@ LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256, output_bytes=4096, file_size
 CACHE_SIZE = 4096  # memoised sandbox results (per process)
 # outcomes decided by the code alone (CPU time is the code's own, unlike wall time); a wall-clock
 # timeout or a sandbox failure may be the host's load, so it is run again next time
-CACHED_STATUSES = frozenset({"ok", "error", "cpu", "memory", "output", "file_size", "denied"})
+CACHED_STATUSES = frozenset({"ok", "error", "cpu", "memory", "output", "file_size", "disk", "denied"})
 _CACHE: OrderedDict[str, SandboxResult] = OrderedDict()
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")  # 1,234.5 | 42 | .5

@@ -181,6 +181,9 @@ _SQLITE_LIMITS = ((sqlite3.SQLITE_LIMIT_LENGTH, 100_000), (sqlite3.SQLITE_LIMIT_
 # a query that hits one of these is stopped by the sandbox (its steps are bounded, its time is not:
 # a single step such as printf('%.*c', 2000000000, 'x') can take seconds)
 QUERY_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256, output_bytes=65536)
+# the sandbox server's SQL configuration (fixed when it starts; a request carries only the database and query)
+POLICY = {"limits": {str(k): v for k, v in _SQLITE_LIMITS}, "allowed": sorted(_ALLOWED),
+          "denied_functions": sorted(_DENIED_FUNCTIONS), "vm_steps": MAX_VM_STEPS, "max_rows": 64}
 _STOPPED = {"timeout", "cpu", "memory", "output"}
 
 
@@ -195,15 +198,13 @@ class ReadOnlyDB:
     or touch the trainer's process."""
 
     def __init__(self, db: Database, sandbox: Sandbox | None = None, limits: Limits = QUERY_LIMITS):
-        self.spec = {"db": base64.b64encode(db.data).decode(), "limits": {str(k): v for k, v in _SQLITE_LIMITS},
-                     "allowed": sorted(_ALLOWED), "denied_functions": sorted(_DENIED_FUNCTIONS),
-                     "vm_steps": MAX_VM_STEPS}
+        self.db_b64 = base64.b64encode(db.data).decode()
         self.sandbox, self.limits = sandbox, limits
 
     def query(self, sql: str, max_rows: int = MAX_ROWS) -> tuple[list[str], list[tuple], bool]:
         """(column names, first rows, whether there are more) or QueryError with a short message."""
         box = self.sandbox or default_sandbox()
-        res = box.run_sql({**self.spec, "query": sql, "max_rows": max_rows}, self.limits)
+        res = box.run_sql(POLICY, self.db_b64, sql, max_rows, self.limits)
         if not res.ok:
             raise QueryError(f"query stopped: {res.error}" if res.status in _STOPPED else
                              f"cannot run this query ({res.error})")

@@ -28,7 +28,7 @@ from agentkiln.synthesis.generate import check_int_knobs
 
 # the tool's outputs (tracebacks, float reprs) depend on the interpreter that runs the sandbox
 VERSION = f"python-{sys.version_info[0]}.{sys.version_info[1]}"
-SOURCES = (sandbox.__file__, python_fastpath.__file__)  # code outside the family's modules that shapes its observations
+SOURCES = (sandbox.server.__file__, python_fastpath.__file__)  # code outside the family's modules that shapes its observations
 LEVELS: dict[str, dict] = {
     "easy": {"kind": "mixed", "numbers": 3, "magnitude": 20, "ops": "+-", "steps": 1, "max_turns": 4},
     "medium": {"kind": "mixed", "numbers": 4, "magnitude": 50, "ops": "+-*", "steps": 2, "max_turns": 6},
