@@ -14,17 +14,16 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT, copy_worktree, merge
+from tests.processes import Run, alive, cmdline, descendants
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the Linux process table")
 
-MARK = "AGENTKILN_SIGNAL_TEST"
 TINY = {
     "synthesize": {
         "workers": 2,
@@ -35,105 +34,6 @@ TINY = {
                    "ood": {"n_tasks": 1, "seed": 14, "mix": {"frozenlake_medium": 1.0}}},
     },
 }
-
-
-# --------------------------------------------------------------------------- the process table
-def _stat(pid: int) -> tuple[str, int, str] | None:
-    """(state, parent pid, start time) of a process, None once it is gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text(errors="replace")
-    except OSError:
-        return None
-    rest = data[data.rfind(")") + 2:].split()
-    return rest[0], int(rest[1]), rest[19]
-
-
-def _alive(proc: tuple[int, str]) -> bool:
-    """The very process (pid and start time) still exists and is not a zombie."""
-    s = _stat(proc[0])
-    return s is not None and s[2] == proc[1] and s[0] != "Z"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _marked(token: str) -> set[tuple[int, str]]:
-    """Live processes whose environment holds MARK=token."""
-    want = f"{MARK}={token}".encode()
-    found = set()
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{p}/environ").read_bytes()
-        except OSError:
-            continue
-        if want in env.split(b"\0") and (s := _stat(int(p))) is not None and s[0] != "Z":
-            found.add((int(p), s[2]))
-    return found
-
-
-def _descendants(root: int) -> set[tuple[int, str]]:
-    table = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(int(p))) is not None}
-    out, frontier = set(), [root]
-    while frontier:
-        parent = frontier.pop()
-        for p, (state, ppid, start) in table.items():
-            if ppid == parent and (p, start) not in out:
-                out.add((p, start))
-                frontier.append(p)
-    return out
-
-
-class Run:
-    """A command started in a new session (its pid is its process group), its output in a file, and
-    every process seen under it while it ran."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict, log: Path):
-        self.token = uuid.uuid4().hex
-        self.log = log
-        self.proc = subprocess.Popen(args, cwd=cwd, env=env | {MARK: self.token}, stdout=log.open("w"),
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.seen: set[tuple[int, str]] = set()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def watch_until(self, ready, timeout: float) -> None:
-        """Record descendants until `ready(self)` holds (or fail on timeout / early exit)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.seen |= _descendants(self.proc.pid)
-            if ready(self):
-                return
-            assert self.proc.poll() is None, f"the run ended before the signal:\n{self.output()[-4000:]}"
-            time.sleep(0.1)
-        pytest.fail(f"not ready after {timeout:.0f} s:\n{self.output()[-4000:]}")
-
-    def processes(self, needle: str) -> list[tuple[int, str]]:
-        return [p for p in self.seen if _alive(p) and needle in _cmdline(p[0])]
-
-    def survivors(self) -> list[str]:
-        return [f"{p} {_cmdline(p)[:200]}" for p, _ in {q for q in self.seen | _marked(self.token) if _alive(q)}]
-
-    def wait_gone(self, timeout: float) -> float:
-        """Seconds until the run and everything it started are gone; fails after `timeout`."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.proc.poll() is not None and not self.survivors():
-                return time.monotonic() - start
-            time.sleep(0.1)
-        left = self.survivors()
-        for p, _ in self.seen | _marked(self.token):  # leave nothing behind whatever the outcome
-            try:
-                os.kill(p, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        pytest.fail(f"still running {timeout:.0f} s after the signal: {left}\n{self.output()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +76,7 @@ def test_sigterm_to_the_pipelines_process_group_stops_everything_within_seconds(
     run = Run([sys.executable, "-m", "flows.pipeline"], dst, env, tmp_path / "pipeline.log")
     run.watch_until(_stage_at_work("synthesize"), timeout=240)
     time.sleep(0.5)  # well inside the stage's work (TextWorld games, sandboxed tool tasks in pool workers)
-    run.seen |= _descendants(run.proc.pid)
+    run.seen |= descendants(run.proc.pid)
     assert run.processes("uvicorn") and run.processes("dvc")  # Prefect's temporary server, DVC, the stage
     os.killpg(run.proc.pid, signal.SIGTERM)
     took = run.wait_gone(timeout=30)
@@ -197,13 +97,13 @@ def test_a_stage_killed_alone_leaves_no_prefect_server_or_worker_behind(repo, tm
     run.watch_until(lambda r: bool(r.processes("uvicorn")) and bool(r.processes("spawn_main"))
                     and "for flow 'synthesize'" in r.output(), timeout=240)
     time.sleep(0.5)
-    run.seen |= _descendants(run.proc.pid)
+    run.seen |= descendants(run.proc.pid)
     server, workers = run.processes("uvicorn"), run.processes("multiprocessing")
     assert server and workers  # Prefect's temporary server; the pool building tasks
     os.kill(run.proc.pid, sig)
     took = run.wait_gone(timeout=20)
     print(f"everything gone {took:.1f} s after {sig.name}")
-    assert not any(_alive(p) for p in server + workers)
+    assert not any(alive(p) for p in server + workers)
     if sig == signal.SIGKILL:  # nothing of the stage could clean up: the next run removes its temporary files
         assert run.proc.returncode == -signal.SIGKILL
         left = [d for d in Path(env["TMPDIR"]).iterdir() if d.name.startswith(f"agentkiln-run-{run.proc.pid}-")]
@@ -243,13 +143,13 @@ def test_a_stage_run_through_dash_still_dies_with_dvc(tmp_path):
     deadline = time.monotonic() + 60
     while not (flag.exists() and flag.read_text() == "ready") and time.monotonic() < deadline:
         time.sleep(0.05)
-    stage = [p for p in _descendants(fake_dvc.pid) if _cmdline(p[0]).startswith(f"{sys.executable} {child}")]
+    stage = [p for p in descendants(fake_dvc.pid) if cmdline(p[0]).startswith(f"{sys.executable} {child}")]
     assert len(stage) == 1
     os.kill(fake_dvc.pid, signal.SIGKILL)
     fake_dvc.wait()
     deadline = time.monotonic() + 10
-    while _alive(stage[0]) and time.monotonic() < deadline:
+    while alive(stage[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = _alive(stage[0])
+    alive = alive(stage[0])
     os.killpg(fake_dvc.pid, signal.SIGKILL) if alive else None
     assert not alive and flag.read_text() == "terminated"

@@ -242,6 +242,34 @@ def test_failing_stage_marks_the_run_failed(store):
     assert mlflow.active_run() is None
 
 
+def test_a_killed_stages_run_is_marked_failed_by_the_next_start(store):
+    """A SIGKILLed stage cannot end its MLflow run: the next run started on this host (any stage's
+    tracking.setup()) ends it FAILED, saying why; a run whose process lives stays RUNNING."""
+    code = ("import time\nfrom agentkiln import tracking\nwith tracking.stage_run('rl-main'):\n"
+            "    print('running', flush=True)\n    time.sleep(120)\n")
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=store["tmp"], stdout=subprocess.PIPE)
+             for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == b"running\n"
+        procs[0].kill()
+        procs[0].wait()
+        runs = {int(r.data.tags[tracking.PID_TAG]): r for r in mlflow.search_runs(
+            experiment_ids=[store["experiment_id"]], filter_string="attributes.status = 'RUNNING'", output_format="list")}
+        killed, alive = runs[procs[0].pid].info.run_id, runs[procs[1].pid].info.run_id
+        tracking.setup()  # what the next stage does first
+        assert mlflow.get_run(killed).info.status == "FAILED"
+        assert "killed" in mlflow.get_run(killed).data.tags["agentkiln.ended"]
+        assert mlflow.get_run(alive).info.status == "RUNNING"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    tracking.setup()
+    assert mlflow.get_run(alive).info.status == "FAILED"
+
+
 # --------------------------------------------------------------------------- registry
 def test_register_promote_and_serve(store):
     import pandas as pd

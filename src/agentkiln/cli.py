@@ -18,7 +18,6 @@ every usage error answer at once and touch nothing.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -49,9 +48,13 @@ def project() -> Path:
 
 def run_module(module: str, *args: str) -> None:
     """`python -m module args` in the project root, this interpreter first on PATH (DVC's stage
-    commands say `python`); exits with its status."""
+    commands say `python`); exits with its status. The child's life is tied to this command's: a
+    signal to this command (SIGTERM from `docker stop` or systemd, Ctrl-C, a closed terminal) stops it
+    in order and this waits for it; if this command is SIGKILLed, the kernel sends the child SIGTERM."""
+    from agentkiln import lifecycle
+
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-    raise typer.Exit(subprocess.call([sys.executable, "-m", module, *args], cwd=project(), env=env))
+    raise typer.Exit(lifecycle.run_forwarding(lifecycle.child_argv(module, list(args)), cwd=project(), env=env))
 
 
 def check_overrides(root: Path, overrides: list[str]) -> None:

@@ -15,6 +15,9 @@
 - `start_prefect_server()`: Prefect's temporary API server as such a child, started from the main
   thread before the flow (Prefect otherwise starts it as a plain child: a SIGKILLed stage left a
   uvicorn listening with init as its parent).
+- `run_forwarding(argv)`: a front end's child (the `agentkiln` command's flow process): it dies with
+  this process (even by SIGKILL: the kernel sends it SIGTERM), SIGTERM / SIGHUP / Ctrl-C reach it
+  once, and this process waits until it has stopped in order, then exits with its status.
 - `run_group(argv)`: run a command in its own process group; on any exception in the caller
   (Terminated, KeyboardInterrupt, ...) the whole group gets SIGTERM, then SIGKILL after a grace period.
 - `start_watchdog()`: a small process that outlives this one by a moment only: it records this
@@ -219,7 +222,9 @@ def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> Non
         os.kill(os.getpid(), sig)  # the parent died before the request took effect
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, as text): with its pid, it names the very
+    process (a pid alone may be reused); None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode(errors="replace")
@@ -245,7 +250,7 @@ def die_with_dvc(started_by: int, poll_s: float = 0.5) -> None:
     die_with_parent(parent=started_by)
     chain, pid = [], started_by
     for _ in range(3):
-        st = _start_time(pid)
+        st = start_time(pid)
         if st is None:
             break
         chain.append((pid, st))
@@ -256,7 +261,7 @@ def die_with_dvc(started_by: int, poll_s: float = 0.5) -> None:
         return  # DVC is the parent (or not found above it): the parent-death signal is the whole story
 
     def watch() -> None:
-        while all(_start_time(p) == st for p, st in chain):
+        while all(start_time(p) == st for p, st in chain):
             time.sleep(poll_s)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -300,6 +305,37 @@ def run_group(argv: list[str], grace: float = GROUP_GRACE_S, on_line: Callable[[
         stop_group(proc.pid, grace)
         proc.wait()
         raise
+
+
+def run_forwarding(argv: list[str], **popen) -> int:
+    """Run `argv` (from `child_argv`: it gets SIGTERM when this process dies, however it dies) in a
+    process group of its own, so that a terminal's Ctrl-C reaches it once, through this process; the
+    first SIGINT, SIGTERM and SIGHUP this process gets go on to it (later ones are dropped: the child
+    is already stopping, and a second signal would interrupt its cleanup), then this waits for it.
+    Returns its exit status, 128 + signal when a signal ended it."""
+    proc = subprocess.Popen(argv, process_group=0, **popen)
+    sent: set[int] = set()
+
+    def forward(signum: int, frame) -> None:
+        if signum in sent:
+            return
+        sent.add(signum)
+        sys.stderr.write(f"agentkiln: {signal.Signals(signum).name}: stopping the run (it ends its stages and "
+                         "marks their runs failed; this takes a few seconds)\n")
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    sigs = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+                                              else [])
+    previous = {s: signal.signal(s, forward) for s in sigs} if threading.current_thread() is threading.main_thread() else {}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - rc if rc < 0 else rc
 
 
 def stop_group(pgid: int, grace: float = GROUP_GRACE_S) -> None:
@@ -390,10 +426,10 @@ def private_tmpdir() -> Path:
     base = Path(tempfile.gettempdir())
     for d in base.glob(f"{RUN_TMP_PREFIX}*"):
         parts = d.name[len(RUN_TMP_PREFIX):].split("-")
-        if len(parts) >= 2 and parts[0].isdigit() and _start_time(int(parts[0])) != parts[1]:
+        if len(parts) >= 2 and parts[0].isdigit() and start_time(int(parts[0])) != parts[1]:
             shutil.rmtree(d, ignore_errors=True)
     me = os.getpid()
-    d = Path(tempfile.mkdtemp(prefix=f"{RUN_TMP_PREFIX}{me}-{_start_time(me)}-", dir=base))
+    d = Path(tempfile.mkdtemp(prefix=f"{RUN_TMP_PREFIX}{me}-{start_time(me)}-", dir=base))
     d.chmod(0o711)  # others may reach (not list) what is shared with them, e.g. a sandbox's directory
     os.environ["TMPDIR"] = str(d)
     tempfile.tempdir = str(d)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import socket
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -23,6 +24,9 @@ from mlflow.data.meta_dataset import MetaDataset
 from agentkiln.paths import repo_root
 
 PARENT_ENV = "AGENTKILN_PARENT_RUN_ID"
+# who runs a run: a run still RUNNING whose process is gone (SIGKILLed, the machine's power cut) is
+# marked FAILED by the next run on the same host (MLflow itself would show it RUNNING for ever)
+HOST_TAG, PID_TAG, PID_START_TAG = "agentkiln.host", "agentkiln.pid", "agentkiln.pid_start"
 DEFAULT_EXPERIMENT = "agentkiln"
 STAGE_TAG = "agentkiln.stage"
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
@@ -96,7 +100,35 @@ def setup(experiment: str = DEFAULT_EXPERIMENT) -> str:
         client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     mlflow.set_experiment(experiment_id=exp_id)
     _setup_state = (uri, experiment, exp_id)
+    fail_orphaned_runs(client, exp_id)
     return exp_id
+
+
+def _start_time(pid: int) -> str | None:
+    from agentkiln.lifecycle import start_time  # how runs stop, not what they compute: not a stage dependency
+
+    return start_time(pid)
+
+
+def _owner_tags() -> dict[str, str]:
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_START_TAG: str(_start_time(os.getpid()))}
+
+
+def fail_orphaned_runs(client: mlflow.MlflowClient, exp_id: str) -> list[str]:
+    """End as FAILED the runs of `exp_id` still RUNNING whose process, on this host, is gone (a
+    SIGKILLed stage cannot end its own run); returns their ids. Runs of other hosts are left alone."""
+    gone = []
+    for run in client.search_runs([exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        tags = run.data.tags
+        if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
+            continue
+        if _start_time(int(tags[PID_TAG])) == tags.get(PID_START_TAG):
+            continue  # its process is alive
+        client.set_tag(run.info.run_id, "agentkiln.ended", "its process ended without ending the run (killed); "
+                       "marked FAILED by the next run")
+        client.set_terminated(run.info.run_id, status="FAILED")
+        gone.append(run.info.run_id)
+    return gone
 
 
 def _experiment_id() -> str:
@@ -121,7 +153,7 @@ def flatten(d: Mapping, prefix: str = "") -> dict[str, str]:
 
 def _start(run_name: str, tags: dict[str, str], parent_run_id: str | None):
     exp_id = _experiment_id()
-    common = dict(run_name=run_name, tags=tags, log_system_metrics=False)
+    common = dict(run_name=run_name, tags={**tags, **_owner_tags()}, log_system_metrics=False)
     active = mlflow.active_run()
     if active is not None:
         # Same process as the parent (e.g. promotion inside the pipeline flow): plain nesting.
