@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import uuid
@@ -21,6 +22,7 @@ from prefect.states import Completed, Failed, Pending, Running
 import flows
 from agentkiln import tracking
 from agentkiln.config import Params, ParamsError, load_params
+from agentkiln.errors import UserError
 from agentkiln.stages.common import seed_everything
 
 
@@ -52,11 +54,49 @@ def call_flow(flow: Flow, **kwargs):
             client.set_task_run_state(task_run.id, Completed() if ok else Failed(), force=True)
 
 
+class MissingInput(UserError, FileNotFoundError):
+    """An input another stage writes is not there."""
+
+
 def needs(path: Path, stage: str) -> None:
     """Refuse to start without an input another stage writes, saying which stage to run."""
     if not Path(path).exists():
-        raise FileNotFoundError(f"{path} is missing: the {stage} stage writes it; run `agentkiln stage {stage}` "
-                                f"(or `dvc repro {stage}`, or `dvc pull` to fetch it from the team's remote) first")
+        raise MissingInput(f"{path} is missing: the {stage} stage writes it; run `agentkiln stage {stage}` "
+                           f"(or `dvc repro {stage}`, or `dvc pull` to fetch it from the team's remote) first")
+
+
+def is_plain(e: BaseException) -> bool:
+    """A clear error, said in one line without a traceback: a UserError, or a FileNotFoundError that
+    agentkiln raised with its own message (errno None; one from the OS has an errno and may be a bug)."""
+    return isinstance(e, UserError) or (isinstance(e, FileNotFoundError) and e.errno is None)
+
+
+class _PlainErrorsOnce(logging.Filter):
+    """For Prefect's console handler: a clear error is logged by every task and flow it passes through,
+    with its traceback, then each run's "Finished in state Failed(<the message again>)"; run_flow says
+    it once instead. Only the console is spared: the API (Prefect's UI) keeps every line, and the
+    runs are recorded Failed with the message."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and is_plain(exc):
+            self.seen = True
+            return False
+        return not (self.seen and str(record.msg).startswith("Finished in state Failed"))
+
+
+def quiet_plain_errors() -> None:
+    """Install _PlainErrorsOnce on Prefect's console handler (the root logger's, in Prefect's logging config)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, _PlainErrorsOnce)
+                                                                  for f in handler.filters):
+            handler.addFilter(_PlainErrorsOnce())
 
 
 def publish(stage: str, metrics: dict) -> None:
@@ -93,7 +133,9 @@ def run_flow(flow: Flow | Callable[[Params], object], doc: str | None = None,
     `dvc repro` also dies with DVC; temporary files live in a directory of the run, removed at exit;
     a watchdog process stops whatever the run started should the run itself be SIGKILLed.
     `check(params)` validates command-line choices and inputs before anything starts (an RL stage's
-    name, the models a stage reads: `needs`): what it raises is reported in one line, exit status 2."""
+    name, the models a stage reads: `needs`): what it raises is reported in one line, exit status 2.
+    A clear error inside the flow (`is_plain`) is reported the same way, once, Prefect's tracebacks of
+    it left out of the console (they stay in its API, with the flow run recorded Failed)."""
     from agentkiln import lifecycle  # how a run stops, not what it computes: not a stage dependency
 
     if doc is not None:
@@ -110,16 +152,22 @@ def run_flow(flow: Flow | Callable[[Params], object], doc: str | None = None,
     except ParamsError as e:
         print(f"agentkiln: {e}", file=sys.stderr)
         print("Fix params.yaml and run again (dvc repro).", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_status)
     try:
         if check is not None:
             check(params)
-    except (ParamsError, FileNotFoundError) as e:
+    except (UserError, FileNotFoundError) as e:
         print(f"agentkiln: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_status", 2))
     try:
         lifecycle.start_prefect_server()
+        quiet_plain_errors()
         call_flow(flow, params=params) if isinstance(flow, Flow) else flow(params)
+    except (UserError, FileNotFoundError) as e:  # Prefect recorded the runs Failed; said once, plainly
+        if not is_plain(e):
+            raise
+        print(f"agentkiln: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_status", 2))
     except lifecycle.Terminated as e:
         print(f"agentkiln: {e}; stopped cleanly", file=sys.stderr)
         raise

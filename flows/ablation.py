@@ -9,15 +9,11 @@ from prefect import flow
 from agentkiln import paths, tracking
 from agentkiln.config import Params
 from agentkiln.stages.ablation import run_ablation
-from flows._stage import run_flow, stage_context
+from flows._stage import needs, run_flow, stage_context
 
 
 @flow(name="rl-ablation", log_prints=True)
 def ablation_flow(params: Params) -> dict:
-    missing = [p for p in (paths.TASKS, paths.model_dir(params.ablation.init)) if not p.exists()]
-    if missing:
-        raise SystemExit(f"ablation: {', '.join(map(str, missing))} missing: run `dvc repro sft` first")
-
     def log_run(arm, seed, metrics, curve):
         with tracking.stage_run(f"ablation-{arm}-s{seed}", params={"arm": arm, "seed": seed}):
             for row in curve:
@@ -33,4 +29,9 @@ def ablation_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
-    run_flow(ablation_flow, __doc__)
+    def check(params: Params) -> None:  # the pool and the starting model, before anything starts
+        needs(paths.TASKS / "rl", "synthesize")
+        init = params.ablation.init
+        needs(paths.model_dir(init), {"distilled": "distill"}.get(init, init.replace("/", "@")))
+
+    run_flow(ablation_flow, __doc__, check=check)

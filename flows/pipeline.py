@@ -24,6 +24,7 @@ from prefect.settings import PREFECT_API_URL
 
 from agentkiln import lifecycle, tracking
 from agentkiln.config import ParamsError, load_params
+from agentkiln.errors import UserError
 from flows._stage import PARENT_FLOW_RUN_ENV, publish, run_flow
 from flows.promote import promote_flow
 
@@ -46,7 +47,13 @@ def dvc(args: list[str]) -> None:
     env["PYTHONUNBUFFERED"] = "1"
     rc = lifecycle.run_group(lifecycle.child_argv("dvc", args), env=env, stdin=subprocess.DEVNULL, on_line=print)
     if rc != 0:
-        raise subprocess.CalledProcessError(rc, ["dvc", *args])
+        raise StageFailed(f"`dvc {args[0]}` stopped with exit status {rc}: the failing stage's error is above")
+
+
+class StageFailed(UserError):
+    """A stage failed under DVC; it printed its own error (relayed above), not worth a traceback here."""
+
+    exit_status = 1
 
 
 @flow(name="agentkiln-pipeline", log_prints=True,

@@ -124,6 +124,7 @@ def test_sft_rl_evaluate_on_a_local_chat_model(world, arch, tmp_path):
         "evaluate": {"policies": ["random", "sft", "rl"], "compare": [["rl", "sft"]], "max_turns": 3,
                      "decoding": {"default": "free"}, "max_reply_tokens": 8,
                      "pass_k": {"samples": 2, "policies": ["rl"]}},
+        "promote": {"candidates": ["rl", "sft"]},  # only evaluated policies can be candidates
     })
     sft = run_sft(params, tasks_dir, tmp_path / "sft")
     assert sft["n_episodes"] == 8 and sft["final_loss"] > 0

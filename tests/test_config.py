@@ -172,3 +172,139 @@ def test_params_yaml_writes_every_setting():
     walk(params, raw, "")
     per_stage = {"rl.defaults.init"}  # every rl.stages entry must name its own init (validated)
     assert not set(missing) - per_stage, f"params.yaml leaves these to code defaults: {missing}"
+
+
+# --------------------------------------------------------------------------- contradictions, refused at load
+def edits(tmp_path, *pairs: tuple[str, str]) -> Path:
+    """params.yaml with several lines edited as a person would (each `old` must occur once)."""
+    text = (ROOT / "params.yaml").read_text()
+    for old, new in pairs:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+DEEPSPEED = ("  backend: single ", "  backend: deepspeed ")
+POLICIES = "  policies: [random, oracle, sft, rl, distilled]"
+COMPARE = "  compare: [[sft, random], [rl, sft], [distilled, rl], [distilled, sft]]"
+OOD_SPLIT = "    ood:  {n_tasks: 40,  seed: 4, mix: {frozenlake_medium: 0.5, python_words_long: 0.5}}\n"
+
+
+@pytest.mark.parametrize("pairs, expected", [
+    # MLflow refuses these registered model names: promotion would fail after the whole pipeline ran
+    ([("  model_name: agentkiln-policy", "  model_name: team/policy")],
+     "promote.model_name = 'team/policy': Value error, MLflow cannot register this name: it contains '/'"),
+    ([("  model_name: agentkiln-policy", "  model_name: 'agents:v2'")], "promote.model_name = 'agents:v2'"),
+    ([("  model_name: agentkiln-policy", "  model_name: 100%")], "it contains '%'"),
+    ([("  model_name: agentkiln-policy", "  model_name: ' '")], "promote.model_name = ' ': Value error, MLflow cannot "
+     "register this name: it is empty"),
+    ([("  model_name: agentkiln-policy", "  model_name: ..")], "it would resolve to another path"),
+    ([("  model_name: agentkiln-policy", "  model_name: " + "a" * 257)], "it has 257 characters (MLflow keeps at most 256)"),
+    # evaluate wrote nothing promotion can use: it used to exit 0, then promotion failed
+    ([(POLICIES, "  policies: []"), (COMPARE, "  compare: []"), ("policies: [sft, rl]}", "policies: []}")],
+     "  - evaluate.policies is empty: list the policies to evaluate"),
+    ([(POLICIES, "  policies: [random, oracle, sft, rl]"), (COMPARE, "  compare: [[sft, random], [rl, sft]]")],
+     "  - promote.candidates: 'distilled' is not evaluated (evaluate.policies: ['random', 'oracle', 'sft', 'rl'])"),
+    ([("  candidates: [rl, distilled, sft]", "  candidates: []")], "promote.candidates: List should have at least 1 item"),
+    ([(POLICIES, "  policies: [oracle, sft, rl, distilled]"), (COMPARE, "  compare: [[rl, sft]]")],
+     "  - promote.floor = 'random' needs the random baseline"),
+    ([(OOD_SPLIT, "")], "  - promote.guards.ood_success: there is no out-of-distribution panel"),
+    ([(OOD_SPLIT, ""), ("  guards: {ood_success: 0.05, invalid_rate: 0.05}", "  guards: {invalid_rate: 0.05}"),
+      ("  panel: test", "  panel: ood")], "  - ablation.panel = 'ood': synthesize.splits has no ood split"),
+    ([("  init: sft\n  panel", "  init: rl/warmup\n  panel")],
+     "  - ablation.init = 'rl/warmup': not a model the pipeline writes; use one of sft, rl/main, distilled"),
+    # DeepSpeed ranks: what the rl stage refuses, after synthesize and sft ran
+    ([DEEPSPEED, ("    backend: hf ", "    backend: vllm ")],
+     "  - compute.rollout.backend = 'vllm' with compute.backend = 'deepspeed'"),
+    ([DEEPSPEED, ("    main: {init: sft}", "    main: {init: sft, algorithm: ppo}")],
+     "  - rl.stages.main.algorithm = 'ppo' with compute.backend = 'deepspeed': the critic is not trained on ranks"),
+    ([DEEPSPEED, ("    algorithm: gigpo ", "    algorithm: ppo ")],
+     "  - rl.defaults.algorithm = 'ppo' (stage main inherits it) with compute.backend = 'deepspeed'"),
+    ([DEEPSPEED, ("  device: auto ", "  device: cpu "), ("comm_backend: auto", "comm_backend: nccl")],
+     "  - compute.deepspeed.comm_backend = 'nccl' with compute.device = 'cpu'"),
+    ([DEEPSPEED, ("offload_params: false", "offload_params: true")],
+     "  - compute.deepspeed.offload_params = true needs zero_stage 3 (it is 2)"),
+    ([DEEPSPEED, ("  device: auto ", "  device: cuda:1 ")],
+     "  - compute.device = 'cuda:1' with compute.deepspeed.num_procs = 2: each rank takes one GPU"),
+    # vLLM's python set by hand: checked at load, not at the first rollout of the rl stage
+    ([("    backend: hf ", "    backend: vllm "), ("      python: null ", "      python: /nowhere/bin/python ")],
+     "  - compute.rollout.vllm.python = '/nowhere/bin/python': not an executable file"),
+])
+def test_contradictory_settings_are_refused_at_load(tmp_path, pairs, expected):
+    path = edits(tmp_path, *pairs)
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: "), msg
+    assert [line for line in msg.splitlines() if expected in line], msg  # the field, its value, what to do: one line
+
+
+def test_every_contradiction_is_listed_at_once(tmp_path):
+    path = edits(tmp_path, DEEPSPEED, ("    backend: hf ", "    backend: vllm "),
+                 (POLICIES, "  policies: [random, oracle, sft, rl]"), (COMPARE, "  compare: [[sft, random]]"))
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"{path}: 2 invalid parameter(s):"
+    assert lines[1].startswith("  - promote.candidates: 'distilled'") and lines[2].startswith("  - compute.rollout.backend")
+
+
+def test_consistent_neighbours_of_the_contradictions_still_load(tmp_path):
+    """What is refused is the combination, not either setting: ZeRO-3 stays allowed (sft uses it;
+    the rl stage refuses it by name before any work), vLLM without DeepSpeed, ppo on one process."""
+    assert load_params(edits(tmp_path, DEEPSPEED, ("zero_stage: 2 ", "zero_stage: 3 "),
+                             ("offload_params: false", "offload_params: true"))).compute.deepspeed.zero_stage == 3
+    assert load_params(edits(tmp_path, ("    backend: hf ", "    backend: vllm "))).compute.rollout.backend == "vllm"
+    assert load_params(edits(tmp_path, ("    main: {init: sft}", "    main: {init: sft, algorithm: ppo}")))
+    p = load_params(edits(tmp_path, ("  model_name: agentkiln-policy", "  model_name: Team Policy_v2.1@eu")))
+    assert p.promote.model_name == "Team Policy_v2.1@eu"
+    p = load_params(edits(tmp_path, (POLICIES, "  policies: [random, sft, rl]"), (COMPARE, "  compare: [[rl, sft]]"),
+                          ("  candidates: [rl, distilled, sft]", "  candidates: [rl, sft]")))
+    assert p.promote.candidates == ["rl", "sft"]
+
+
+def test_a_pretrained_student_cannot_distill_token_level_from_a_scratch_teacher(tmp_path):
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "config.json").write_text("{}")
+    source = ("  student:\n    source: scratch", f"  student:\n    source: {student}")
+    with pytest.raises(ParamsError, match=r"  - distill.mode = 'forward-kl' with distill.student.source = .*student'"):
+        load_params(edits(tmp_path, ("  mode: trajectory", "  mode: forward-kl"), source))
+    assert load_params(edits(tmp_path, source)).distill.student.source == str(student)  # trajectory re-tokenizes
+
+
+# --------------------------------------------------------------------------- unreadable files: one line
+@pytest.mark.parametrize("content, expected", [
+    (b"seed: 0\n# caf\xe9 au lait\n", "line 2, column 6: byte 0xe9 is not UTF-8 text; save the file as UTF-8"),
+    (b"seed: [1, 2\n", "not valid YAML: line 2, column 1: expected ',' or ']', but got '<stream end>' (while parsing "
+     "a flow sequence at line 1, column 7); fix it there"),
+    (b"seed: 0\n\tsft: {}\n", "not valid YAML: line 2, column 1: found character '\\t' that cannot start any token"),
+    (b"seed: 0\nnote: a\x00b\n", "not valid YAML: line 2, column 8: character #x0000 is not allowed in YAML"),
+    (b"a: 1\n---\nb: 2\n", "not valid YAML: line 2, column 1: but found another document"),
+    # deep nesting: ~1,100 lines of RecursionError traceback from YAML's composer before
+    (b"seed: " + b"[" * 5000 + b"]" * 5000 + b"\n", "line 1, column 38: nested more than 32 levels deep"),
+    ("".join("  " * i + f"k{i}:\n" for i in range(3000)).encode() + b"  " * 3000 + b"x\n",
+     "line 33, column 65: nested more than 32 levels deep"),
+    (b"- seed\n- sft\n", "the top level must be a mapping of sections (seed:, synthesize:, sft:, ...), got a list"),
+    (b"# every line commented out\n", "is empty; it needs the sections seed, synthesize, sft, rl"),
+])
+def test_an_unreadable_params_file_is_one_line(tmp_path, content, expected):
+    path = tmp_path / "params.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    assert expected in msg, msg
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("sft.epochs=[1, 2", "override 'sft.epochs=[1, 2': the value is not valid YAML: line 1, column 6: expected ','"),
+    ("sft.epochs=" + "[" * 2000 + "]" * 2000, "the value is not valid YAML: line 1, column 33: nested more than 32"),
+])
+def test_an_unparsable_override_is_one_line(override, expected):
+    with pytest.raises(ParamsError) as e:
+        load_params(ROOT / "params.yaml", overrides=[override])
+    assert "\n" not in str(e.value) and expected in str(e.value), str(e.value)

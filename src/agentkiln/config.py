@@ -3,11 +3,14 @@
 Every stage reads its own section through `load_params()`. Validation happens at load, before any
 work: an unknown key, a duplicate key, a wrong type (no coercion: `true` is not 1, "3" is not 3, 3.0
 is not an int; an int is a float), a non-finite or out-of-range number or a model source that is
-not there raises `ParamsError` naming the file, the dotted field and the bad value.
+not there raises `ParamsError` naming the file, the dotted field and the bad value. So do settings
+that contradict each other (`contradictions`: they would fail a later stage, after the earlier ones
+ran), and a file that is not UTF-8, not YAML or nested too deeply (one line, with line and column).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -16,11 +19,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from agentkiln.envs import FAMILIES
+from agentkiln.errors import UserError
 
 PARAMS_FILE = "params.yaml"
 
 
-class ParamsError(ValueError):
+class ParamsError(UserError, ValueError):
     """params.yaml is missing, unparsable or fails the schema."""
 
 
@@ -439,6 +443,9 @@ class EvaluateParams(_Strict):
 
     @model_validator(mode="after")
     def _known_policies(self):
+        if not self.policies:  # nothing evaluated: the stage "succeeds" and promotion fails after it
+            raise ValueError("evaluate.policies is empty: list the policies to evaluate (random, oracle, sft, rl, "
+                             "distilled), at least the promotion candidates")
         for a, b in self.compare:
             for x in (a, b):
                 if x not in self.policies:
@@ -449,9 +456,13 @@ class EvaluateParams(_Strict):
         return self
 
 
+MODEL_NAME_MAX = 256  # MLflow's registered_models.name column (a longer name fails on PostgreSQL / MySQL)
+
+
 class PromoteParams(_Strict):
-    model_name: str = Field("agentkiln-policy", min_length=1)
-    candidates: list[Literal["sft", "rl", "distilled"]] = ["rl", "distilled", "sft"]
+    model_name: str = Field("agentkiln-policy", description="the MLflow registered model the candidates are "
+                            "registered under (models:/<model_name>@champion)")
+    candidates: list[Literal["sft", "rl", "distilled"]] = Field(["rl", "distilled", "sft"], min_length=1)
     metric: Literal["success"] = "success"
     margin: float = Field(0.0, ge=0, le=1, description="challenger must beat champion by this much")
     guards: dict[Literal["ood_success", "invalid_rate", "mean_turns"], Annotated[float, Field(ge=0, le=1e4)]] = Field(
@@ -460,6 +471,25 @@ class PromoteParams(_Strict):
     floor: Literal["random", "none"] = Field(
         "random", description="random: a candidate must beat the random baseline on the same panel (paired CI above "
                               "0), champion or not; none: no floor (tiny test pipelines)")
+
+    @field_validator("model_name")
+    @classmethod
+    def _mlflow_name(cls, name: str) -> str:
+        """What MLflow's registry refuses (mlflow.utils.validation._validate_model_name, and the file
+        store's extra rules), refused here instead of at promotion, after the whole pipeline ran."""
+        bad = sorted({c for c in name if c in "/:%\\?"})
+        if not name.strip():
+            why = "it is empty"
+        elif bad:  # '/' ':' every store; '%' '\\' the file store; '?' would cut models:/<name>@champion URIs
+            why = f"it contains {', '.join(map(repr, bad))}"
+        elif name in (".", "..") or name.startswith(".."):
+            why = "it would resolve to another path in MLflow's store"
+        elif len(name) > MODEL_NAME_MAX:
+            why = f"it has {len(name)} characters (MLflow keeps at most {MODEL_NAME_MAX})"
+        else:
+            return name
+        raise ValueError(f"MLflow cannot register this name: {why}; use letters, digits, '-', '_' and '.', "
+                         "e.g. team-agent-policy")
 
 
 class AblationParams(_Strict):
@@ -518,12 +548,94 @@ class Params(_Strict):
         base = self.rl.defaults.model_dump() | self.ablation.base
         return [RLParams.model_validate(base | stage) for stage in self.ablation.arms[arm]]
 
+    @model_validator(mode="after")
+    def _consistent(self):
+        """Settings each valid alone that contradict each other: refused at load, every one of them,
+        instead of by the stage that reads them after the stages before it ran (or never, silently)."""
+        problems = contradictions(self)
+        if problems:
+            raise ValueError(_PROBLEMS_SEP.join(problems))
+        return self
+
+
+_PROBLEMS_SEP = "\n"  # one line per contradiction (_format_errors lists each as a parameter error)
+
+
+def contradictions(p: Params) -> list[str]:
+    """Each message names the fields, their values and what to change."""
+    out: list[str] = []
+    ev, pr, ood = p.evaluate, p.promote, "ood" in p.synthesize.splits
+    # promotion reads what evaluate wrote: a candidate it did not evaluate can never be picked
+    for c in pr.candidates:
+        if c not in ev.policies:
+            out.append(f"promote.candidates: {c!r} is not evaluated (evaluate.policies: {ev.policies}); add it to "
+                       "evaluate.policies or remove it from promote.candidates")
+    if pr.floor == "random" and "random" not in ev.policies:
+        out.append(f"promote.floor = 'random' needs the random baseline, which evaluate.policies {ev.policies} "
+                   "leaves out; add random to evaluate.policies or set promote.floor: none")
+    if "ood_success" in pr.guards and not ood:
+        out.append("promote.guards.ood_success: there is no out-of-distribution panel to measure it on "
+                   "(synthesize.splits has no ood); add an ood split or remove the guard")
+    if p.ablation.panel == "ood" and not ood:
+        out.append("ablation.panel = 'ood': synthesize.splits has no ood split; use panel: test or add an ood split")
+    inits = ["sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
+    if p.ablation.init not in inits:
+        out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "
+                   f"use one of {', '.join(inits)}")
+    # a token-level KL needs one vocabulary: a scratch teacher's BPE is trained on the tasks, no hub model has it
+    if p.distill.mode != "trajectory" and p.sft.model.source == "scratch" and p.distill.student.source != "scratch":
+        out.append(f"distill.mode = {p.distill.mode!r} with distill.student.source = {p.distill.student.source!r}: "
+                   "the teacher (sft.model.source: scratch) has a tokenizer trained on the tasks that a "
+                   "pretrained student cannot share; use distill.mode: trajectory or a scratch student")
+    out += _compute_contradictions(p)
+    return out
+
+
+def _compute_contradictions(p: Params) -> list[str]:
+    c, ds, out = p.compute, p.compute.deepspeed, []
+    vllm_python = c.rollout.vllm.python
+    if c.rollout.backend == "vllm" and vllm_python is not None:  # set by hand: checked now, not at the first rollout
+        exe = Path(vllm_python).expanduser()
+        if not (exe.is_file() and os.access(exe, os.X_OK)):
+            out.append(f"compute.rollout.vllm.python = {vllm_python!r}: not an executable file; set it to the "
+                       "python of an environment with vllm (or null: the one scripts/install_vllm.sh builds)")
+    if c.backend != "deepspeed":
+        return out
+    # What RL on ranks refuses (trainers.rl.check_ranks) would stop the rl stage after synthesize and sft
+    # ran. Only settings that mean nothing to sft are refused here: ZeRO-3 stays allowed (it saves sft
+    # memory; the rl stage refuses it, by name, before any work).
+    if c.rollout.backend != "hf":
+        out.append(f"compute.rollout.backend = {c.rollout.backend!r} with compute.backend = 'deepspeed': on ranks, "
+                   "rank 0 plays the rollouts with the in-process engine; use compute.rollout.backend: hf or "
+                   "compute.backend: single")
+    for name, override in p.rl.stages.items():
+        if p.rl.stage(name).algorithm == "ppo":
+            where = (f"rl.stages.{name}.algorithm = 'ppo'" if "algorithm" in override
+                     else f"rl.defaults.algorithm = 'ppo' (stage {name} inherits it)")
+            out.append(f"{where} with compute.backend = 'deepspeed': the critic is not trained on ranks; use a "
+                       "critic-free algorithm (grpo, dr_grpo, rloo, reinforce_pp, gigpo) or compute.backend: single")
+    # what trainers.distributed.plan refuses whatever the machine
+    if c.device.startswith("cuda:") and ds.num_procs > 1:
+        out.append(f"compute.device = {c.device!r} with compute.deepspeed.num_procs = {ds.num_procs}: each rank takes "
+                   "one GPU (rank i: cuda:i); set compute.device to cuda or auto")
+    if ds.comm_backend == "nccl" and c.device == "cpu":
+        out.append("compute.deepspeed.comm_backend = 'nccl' with compute.device = 'cpu': nccl needs CUDA ranks; "
+                   "use gloo or auto")
+    if ds.offload_params and ds.zero_stage != 3:
+        out.append(f"compute.deepspeed.offload_params = true needs zero_stage 3 (it is {ds.zero_stage}): ZeRO-2 keeps "
+                   "every weight on every rank")
+    return out
+
 
 def _format_errors(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: {err.error_count()} invalid parameter(s):"]
+    lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "value_error" and (not loc or msg.startswith((f"{loc}.", f"{loc} "))):
+            # a section's (or Params') cross-field check: each message names its fields itself
+            lines += [f"  - {m}" for m in msg.split(_PROBLEMS_SEP)]
+        elif e["type"] == "extra_forbidden":
             lines.append(f"  - {loc}: unknown key (check spelling; see src/agentkiln/config.py)")
         else:
             value = e.get("input")  # a whole section is not worth echoing: the message names the field
@@ -531,8 +643,8 @@ def _format_errors(path: Path, err: ValidationError) -> str:
             hint = ""
             if e["type"] in _TYPE_ERRORS and not isinstance(value, (dict, list)):
                 hint = f" (got {type(value).__name__}: params are taken as written, never converted)"
-            lines.append(f"  - {loc}{shown}: {e['msg']}{hint}")
-    return "\n".join(lines)
+            lines.append(f"  - {loc or '<root>'}{shown}: {e['msg']}{hint}")
+    return "\n".join([f"{path}: {len(lines)} invalid parameter(s):", *lines])
 
 
 _TYPE_ERRORS = {"int_type", "float_type", "bool_type", "string_type", "int_from_float"}
@@ -577,8 +689,54 @@ def _refuse_duplicates(node: yaml.Node, where: str = "", seen_nodes: set | None 
             _refuse_duplicates(item, f"{where}.{i}" if where else str(i), seen_nodes)
 
 
+MAX_NESTING = 32  # params.yaml nests ~5 levels; far deeper is a mistake (and ~300 overflow YAML's composer)
+
+
+class NestingError(yaml.YAMLError):
+    """Mappings / lists nested deeper than MAX_NESTING."""
+
+
+def _refuse_deep_nesting(text: str) -> None:
+    """The parser's events, counted without recursion, so a deep document is refused by line and
+    column before the composer (recursive) overflows Python's stack."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_ParamsLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_NESTING:
+                m = event.start_mark
+                raise NestingError(f"line {m.line + 1}, column {m.column + 1}: nested more than {MAX_NESTING} "
+                                   "levels deep; params are a few levels of sections: check the brackets and "
+                                   "indentation there")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def yaml_problem(e: yaml.YAMLError, text: str) -> str:
+    """A YAML error as one line: `line L, column C: <problem> (<context>)`, without PyYAML's
+    multi-line excerpt (which names "<unicode string>", not the file)."""
+    if isinstance(e, (DuplicateKeyError, NestingError)):
+        return str(e)
+    if isinstance(e, yaml.reader.ReaderError):  # a control character: its position in the text
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        return f"line {line}, column {column}: character {char} is not allowed in YAML ({e.reason})"
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = e.problem or e.context or "unparsable"
+        if e.context and e.problem:
+            at = e.context_mark
+            what += f" ({e.context}{f' at line {at.line + 1}, column {at.column + 1}' if at else ''})"
+        return f"{where}{what}"
+    return " ".join(str(e).split())
+
+
 def read_yaml(text: str):
-    """Parse params text: yaml.safe_load, but duplicate keys are refused and 1e-4 is a number."""
+    """Parse params text: yaml.safe_load, but duplicate keys and deep nesting are refused and 1e-4 is
+    a number."""
+    _refuse_deep_nesting(text)
     loader = _ParamsLoader(text)
     try:
         node = loader.get_single_node()
@@ -610,26 +768,46 @@ def apply_overrides(raw: dict, overrides: list[str], source: str | Path = PARAMS
         try:
             node[parts[-1]] = read_yaml(value) if value.strip() else ""
         except yaml.YAMLError as e:
-            raise ParamsError(f"override {item!r}: the value is not valid YAML: {e}") from None
+            raise ParamsError(f"override {item!r}: the value is not valid YAML: {yaml_problem(e, value)}") from None
     return raw
 
 
 def load_params(path: str | Path = PARAMS_FILE, overrides: list[str] = ()) -> Params:
     """Read and validate params.yaml (with `key=value` overrides applied, see apply_overrides);
-    raise ParamsError with a readable message otherwise."""
+    raise ParamsError with a readable message otherwise: one line naming the file (and the line and
+    column where there is one) for a file that cannot be read or parsed."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"{path}: not found (run from the repository root)")
     try:
-        raw = read_yaml(path.read_text())
-    except DuplicateKeyError as e:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ParamsError(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ParamsError(f"{path}: line {line}, column {column}: byte 0x{data[e.start]:02x} is not UTF-8 text; "
+                          "save the file as UTF-8") from None
+    try:
+        raw = read_yaml(text)
+    except (DuplicateKeyError, NestingError) as e:  # valid YAML, refused: the message says why
         raise ParamsError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from e
+        raise ParamsError(f"{path}: not valid YAML: {yaml_problem(e, text)}; fix it there") from None
+    except RecursionError:  # a structure the depth check did not see (it counts nesting, not aliases)
+        raise ParamsError(f"{path}: nested too deeply to read; params are a few levels of sections") from None
+    if raw is None:
+        raise ParamsError(f"{path}: is empty; it needs the sections seed, synthesize, sft, rl, ... "
+                          "(`git checkout params.yaml` restores the repository's)")
     if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+        raise ParamsError(f"{path}: the top level must be a mapping of sections (seed:, synthesize:, sft:, ...), "
+                          f"got a {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides), path)
     try:
         return Params.model_validate(raw)
     except ValidationError as e:
         raise ParamsError(_format_errors(path, e)) from None
+    except RecursionError:
+        raise ParamsError(f"{path}: nested too deeply to validate; params are a few levels of sections") from None

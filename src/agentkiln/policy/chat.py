@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentkiln.errors import UserError
 
-class ChatTemplateError(ValueError):
+
+class ChatTemplateError(UserError, ValueError):
     """The tokenizer's chat template cannot be split into append-only pieces."""
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from agentkiln.errors import UserError
+
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 ROLES = ("system", "user", "assistant", "tool")
 ROLE_TOKENS = [f"<|{r}|>" for r in ROLES]
@@ -42,7 +44,7 @@ def build_scratch_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> Pre
     return out
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer that cannot encode the task text: training on it would be silent garbage."""
 
 
