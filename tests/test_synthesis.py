@@ -227,6 +227,7 @@ def test_a_tampered_panel_is_refused(runs, tmp_path):
 
     (root, _), _ = runs
     shutil.copytree(root / "test", tmp_path / "test")
+    shutil.copytree(root / "games", tmp_path / "games")  # the panel's games: sealed with it
     path = tmp_path / "test" / "manifest.json"
     original = path.read_text()
     assert panel_id(tmp_path) == load_manifest(root, "test")["sha256"][:16]

@@ -24,7 +24,9 @@ def games(tmp_path_factory):
         "cooking": (resolve("textworld", "easy", game="cooking"), 11),
     }
     tasks = {name: candidate(seed, knobs, root) for name, (knobs, seed) in specs.items()}
-    assert tasks["coin"].data == {"game": "coin_collector", "game_file": "games/tw-7.z8", "level": 105}
+    data = dict(tasks["coin"].data)
+    assert set(data.pop("file_sha256")) == {"games/tw-7.z8", "games/tw-7.json"}  # sealed (tests/test_game_files.py)
+    assert data == {"game": "coin_collector", "game_file": "games/tw-7.z8", "level": 105}
     return root, tasks
 
 

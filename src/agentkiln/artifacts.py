@@ -6,6 +6,8 @@
 - A directory of files written together (a saved policy) carries a manifest: the sha256 of every file
   and a format version, written last by `write_manifest` and checked by `verify_manifest` before any
   file is used: a missing, truncated or overwritten file (even finite garbage weights) is refused.
+- A task played from files (TextWorld's compiled games) records their sha256 in its data, sealed with
+  its split manifest; `verify_task_files` checks them when a split is loaded and when a game starts.
 
 Tables have their own contracts (agentkiln.schemas: pandera; agentkiln.data_checks: Great Expectations).
 """
@@ -16,15 +18,18 @@ import hashlib
 import json
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
+from agentkiln.errors import UserError
+
 MANIFEST_VERSION = 1  # the layout of a manifest file (bump when its fields change)
 
 
-class ArtifactError(ValueError):
+class ArtifactError(UserError, ValueError):
     """A stage's input is missing, corrupt, tampered with or of another format."""
 
 
@@ -110,6 +115,45 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+@lru_cache(maxsize=4096)
+def _sha256_of(path: str, stamp: tuple[int, ...]) -> str:
+    return sha256_file(Path(path))
+
+
+def sha256_cached(path: str | Path) -> str:
+    """sha256_file, read once per process per version of the file: keyed by path, size, mtime, ctime and
+    inode, so a rewritten, truncated or replaced file is read again (ctime: a restored mtime still shows)."""
+    st = os.stat(path)
+    return _sha256_of(os.path.abspath(path), (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+
+
+# --------------------------------------------------------------------------- task files
+TASK_FILES_KEY = "file_sha256"  # in a task's data: path relative to the tasks directory -> sha256
+TASK_FILES_HINT = ("re-run synthesize (`agentkiln stage synthesize` or `dvc repro synthesize`), or fetch the "
+                   "team's copy of the data (`dvc pull`)")
+
+
+def verify_task_files(task_id: str, files, tasks_dir: str | Path, sealed_in: str | Path) -> None:
+    """Every file a task is played from (TextWorld's compiled game) present with the sha256 recorded at
+    synthesis and sealed with its split manifest (`sealed_in` names it). Checked before play: a truncated
+    game kills the process inside the game interpreter, a changed one would be played silently."""
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise ArtifactError(f"task {task_id}: {TASK_FILES_KEY} in {sealed_in} must map file paths to sha256 "
+                            f"digests, got {files!r}; {TASK_FILES_HINT}")
+    for rel, digest in sorted(files.items()):
+        f = Path(tasks_dir) / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise ArtifactError(f"task {task_id}: {sealed_in} lists a file outside the tasks directory ({rel!r}); "
+                                f"{TASK_FILES_HINT}")
+        if not f.is_file():
+            raise MissingArtifactError(f"{f}: file of task {task_id} is missing (sealed in {sealed_in}); "
+                                       f"{TASK_FILES_HINT}")
+        if (actual := sha256_cached(f)) != digest:
+            raise ArtifactError(f"{f}: file of task {task_id} does not match the sealed manifest (sha256 "
+                                f"{actual[:12]}..., {sealed_in} sealed {digest[:12]}...): truncated, corrupt or "
+                                f"replaced; {TASK_FILES_HINT}")
 
 
 class Manifest(BaseModel):

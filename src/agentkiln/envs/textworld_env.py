@@ -1,7 +1,9 @@
 """TextWorld games behind the agentkiln environment contract.
 
 Coin collector, treasure hunter and cooking (household, ALFWorld-like) games compiled by
-agentkiln.synthesis.textworld_games; `task.data["game_file"]` is relative to the tasks directory.
+agentkiln.synthesis.textworld_games; `task.data["game_file"]` is relative to the tasks directory, and
+`task.data["file_sha256"]` holds the sha256 of the game's files: checked before a game starts (a
+truncated game file would kill the process inside the interpreter; a changed one would play silently).
 info has `lost` too (treasure hunter: the wrong object; cooking: a ruined meal). Invalid or garbage
 actions never reach the game engine: they cost a turn and the observation says why.
 """
@@ -14,6 +16,7 @@ from contextlib import contextmanager
 
 import textworld
 
+from agentkiln.artifacts import TASK_FILES_HINT, TASK_FILES_KEY, ArtifactError, verify_task_files
 from agentkiln.envs.base import Env, Observation, StepResult, anchor_of
 
 _INFOS = textworld.EnvInfos(
@@ -66,6 +69,11 @@ class TextWorldEnv(Env):
         path = self.tasks_dir / task.data["game_file"]
         if not path.is_file():
             raise FileNotFoundError(f"task {task.task_id}: game file {path} is missing (re-run synthesize)")
+        files = task.data.get(TASK_FILES_KEY) or {}
+        if task.data["game_file"] not in files:
+            raise ArtifactError(f"task {task.task_id}: no sha256 recorded for its game file {path} (made by an older "
+                                f"agentkiln, or not by synthesize), so it cannot be checked; {TASK_FILES_HINT}")
+        verify_task_files(task.task_id, files, self.tasks_dir, "its split manifest")
         self.game_file = str(path)
         self._env = None
         self.lost = False

@@ -4,7 +4,8 @@ sealed by a SHA-256 of its content when it is synthesized, and checked before ev
 A panel is refused when
 - its content no longer matches its digest (a task edited, added or removed by hand), or
 - an environment version it records differs from the code's (the same task ids would now be
-  different tasks: scores would not be comparable with earlier ones).
+  different tasks: scores would not be comparable with earlier ones), or (load_panel)
+- a file a task is played from (a TextWorld game) no longer has the sha256 its task records.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from agentkiln.artifacts import TASK_FILES_KEY, verify_task_files
 from agentkiln.envs import TaskSpec
 
 DIGEST_KEY = "sha256"
@@ -76,9 +78,14 @@ def load_manifest(tasks_dir: str | Path, split: str) -> dict:
 
 
 def load_panel(tasks_dir: str | Path, split: str) -> list[TaskSpec]:
-    """The tasks of a split, after the manifest's checks."""
+    """The tasks of a split, after the manifest's checks and those of the files its tasks are played
+    from (their sha256, sealed in the manifest): a stage refuses a damaged game before any work."""
     path = manifest_path(tasks_dir, split)
     try:
-        return [TaskSpec(**t) for t in load_manifest(tasks_dir, split)["tasks"]]
+        tasks = [TaskSpec(**t) for t in load_manifest(tasks_dir, split)["tasks"]]
     except TypeError as e:
         raise ValueError(f"{path}: not a valid task manifest ({e})") from e
+    for t in tasks:
+        if isinstance(t.data, dict) and TASK_FILES_KEY in t.data:
+            verify_task_files(t.task_id, t.data[TASK_FILES_KEY], tasks_dir, path)
+    return tasks

@@ -24,6 +24,7 @@ import textworld
 from textworld.challenges import coin_collector, cooking, treasure_hunter
 from textworld.generator.chaining import QuestGenerationError
 
+from agentkiln.artifacts import TASK_FILES_KEY, sha256_cached
 from agentkiln.envs.base import TaskSpec
 
 VERSION = f"textworld-{textworld.__version__}"
@@ -78,8 +79,9 @@ def _compile(game, opts: textworld.GameOptions) -> Path:
 
 
 def candidate(seed: int, knobs: dict, out_dir: Path | None) -> TaskSpec | None:
-    """Compile the game of `seed` to `out_dir/games/tw-<seed>.z8`; None when TextWorld cannot
-    build a quest of the drawn length on the drawn map (the gate then tries the next seed)."""
+    """Compile the game of `seed` to `out_dir/games/tw-<seed>.z8` (+ its .json), their sha256 in the
+    task's data; None when TextWorld cannot build a quest of the drawn length on the drawn map (the gate
+    then tries the next seed)."""
     if out_dir is None:
         raise ValueError("textworld: generate() needs out_dir (where the compiled games go)")
     games = Path(out_dir) / "games"
@@ -97,6 +99,8 @@ def candidate(seed: int, knobs: dict, out_dir: Path | None) -> TaskSpec | None:
         except QuestGenerationError:
             return None
         _compile(game, opts)
+    # the game and its metadata, sealed with the split manifest: checked before every play
+    data[TASK_FILES_KEY] = {f"games/{f.name}": sha256_cached(f) for f in sorted(games.glob(f"tw-{seed}.*"))}
     return TaskSpec(task_id=f"tw-{seed}", family="textworld", seed=seed, data=data)
 
 
