@@ -3,6 +3,11 @@ make it `champion` only if the gate (`agentkiln.registry.promotion.gate`) says i
 champion on the same frozen panel: by the margin, with the paired CI above zero, no guard regressed.
 This module performs the registry side effects; the rule itself is pure and tested apart.
 
+Every score it registers, logs and gates on (candidate, champion, random floor, ood guard) is computed
+from the per-task outcomes (reports/outcomes.json), never taken from metrics.json's aggregates: those
+must agree with the outcomes or nothing is registered. The invalid_rate and mean_turns guards, which
+per-task outcomes do not hold, are the only figures read from metrics.json.
+
 Promotions of concurrent runs on one store are serialised: the champion is read, compared and
 replaced under the registry lock (agentkiln.registry.lock), so each run compares against the
 champion it actually replaces and every promoted version stays on the `promoted_over` chain.
@@ -16,15 +21,18 @@ from pathlib import Path
 import mlflow
 
 from agentkiln import paths
-from agentkiln.artifacts import MetricsFile, OutcomesFile, read_json
+from agentkiln.artifacts import ArtifactError, MetricsFile, OutcomesFile, read_json
 from agentkiln.config import EvaluateParams, Params, PromoteParams
-from agentkiln.evaluate.panels import panel_id
+from agentkiln.evaluate.panels import load_manifest, panel_id
+from agentkiln.evaluate.report import DECIMALS
+from agentkiln.evaluate.stats import wilson_interval
 from agentkiln.registry.lineage import lineage_tags
 from agentkiln.registry.lock import registry_lock
 from agentkiln.registry.model_registry import champion, promote, register_candidate
 from agentkiln.registry.promotion import Guard, gate, pick_candidate
 
 LOWER_IS_BETTER = {"invalid_rate", "mean_turns"}
+TOLERANCE = 0.5 * 10 ** -DECIMALS + 1e-12  # metrics.json's numbers are rounded to DECIMALS places
 
 
 stage_of = paths.stage_writing  # the DVC stage that produced a candidate
@@ -51,15 +59,74 @@ def read_reports(reports_dir: Path) -> tuple[dict, dict]:
     return metrics, outcomes
 
 
+def outcome_scores(per_panel: dict[str, dict[str, int]], confidence: float) -> dict:
+    """A policy's scores computed from its per-task outcomes (outcomes.json), shaped like its entry of
+    metrics.json: test-panel success, Wilson CI and task count; `ood` the same where it has that panel."""
+    def score(won: dict[str, int]) -> dict:
+        k, n = sum(won.values()), len(won)
+        lo, hi = wilson_interval(k, n, confidence)
+        return {"success": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "n_tasks": n}
+
+    return score(per_panel["test"]) | ({"ood": score(per_panel["ood"])} if "ood" in per_panel else {})
+
+
+REEVALUATE = "re-run `agentkiln stage evaluate` (dvc repro evaluate)"
+
+
+def check_panel_tasks(outcomes: dict, panel_tasks: list[str], reports_dir: Path) -> None:
+    """Every policy's test outcomes are those of the panel's tasks: no task dropped, added or renamed."""
+    for name, won in sorted(outcomes.items()):
+        if "test" in won and (odd := set(won["test"]) ^ set(panel_tasks)):
+            raise ArtifactError(f"{Path(reports_dir) / 'outcomes.json'}: policy {name}'s test outcomes are not those "
+                                f"of the panel's {len(panel_tasks)} tasks ({len(odd)} differ, e.g. {min(odd)}); "
+                                f"{REEVALUATE}")
+
+
+def checked_scores(metrics: dict, outcomes: dict, confidence: float, reports_dir: Path) -> dict[str, dict]:
+    """Every policy's entry of metrics.json with the scores promotion uses (success, CI, task counts,
+    ood success) recomputed from outcomes.json. A figure of metrics.json that disagrees with the
+    outcomes (a hand edit, files of two runs) is refused naming the file, policy, field and both values."""
+    path, hint = Path(reports_dir) / "metrics.json", REEVALUATE
+    out = {}
+    for name, m in sorted(metrics.items()):
+        panels = outcomes.get(name, {})
+        for panel in ("test", "ood"):
+            if panel not in panels and (panel == "test" or m.get(panel) is not None):
+                raise ArtifactError(f"{path}: policy {name} has {panel} scores but no per-task {panel} outcomes in "
+                                    f"outcomes.json, so they cannot be checked; {hint}")
+        derived = outcome_scores(panels, confidence)
+        for field, recorded, value in _pairs(m, derived):
+            if recorded is not None and abs(float(recorded) - value) > TOLERANCE:
+                shown = value if isinstance(value, int) else f"{value:.4f}"
+                raise ArtifactError(f"{path}: policy {name}: {field} = {recorded}, but its per-task outcomes in "
+                                    f"outcomes.json give {shown}: the reports disagree; {hint}")
+        out[name] = m | derived
+    return out
+
+
+def _pairs(recorded: dict, derived: dict, prefix: str = ""):
+    """(field, metrics.json's value or None, the value from outcomes) for every derived field."""
+    for k, v in derived.items():
+        if isinstance(v, dict):
+            yield from _pairs(recorded.get(k) or {}, v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", recorded.get(k), v
+
+
 def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, model_dirs: dict[str, Path]) -> dict:
+    """Register the best candidate and challenge the champion, on scores computed from the per-task
+    outcomes (metrics.json's aggregates must agree with them): nothing is registered otherwise."""
     p, ev = params.promote, params.evaluate
     metrics, outcomes = read_reports(reports_dir)
     panel = panel_id(tasks_dir, "test")
     if outcomes["panels"].get("test") != panel:
         raise ValueError(f"{Path(reports_dir) / 'outcomes.json'}: scored on panel {outcomes['panels'].get('test')}, "
                          f"data/tasks/test is panel {panel}; re-run the evaluate stage (dvc repro evaluate)")
-    name = pick_candidate(metrics, list(p.candidates), p.metric)
-    m = metrics[name]
+    check_panel_tasks(outcomes["outcomes"], [t["task_id"] for t in load_manifest(tasks_dir, "test")["tasks"]],
+                      reports_dir)
+    scores = checked_scores(metrics, outcomes["outcomes"], ev.confidence, reports_dir)
+    name = pick_candidate(scores, list(p.candidates), p.metric)
+    m = scores[name]
     bits = encode_outcomes(outcomes["outcomes"][name]["test"])
     run = mlflow.active_run()
     extra = {
