@@ -11,15 +11,16 @@ from tasks.distill import distill_task
 
 @flow(name="distill", log_prints=True)
 def distill_flow(params: Params) -> dict:
-    with stage_context("distill", params, params.distill.model_dump()):
-        metrics = distill_task(params, paths.TASKS, paths.model_dirs(params)["rl"], paths.DISTILLED_MODEL,
-                               log=tracking.log_metrics, ckpt_dir=paths.CHECKPOINTS / "distill")
+    def outputs(metrics: dict) -> None:  # before the stage removes its checkpoint: a failure here keeps it
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "distill_metrics.json", metrics)
         tracking.log_split(paths.TASKS / "rl")
         log_policy(paths.DISTILLED_MODEL)
         publish("distill", metrics)
-    return metrics
+
+    with stage_context("distill", params, params.distill.model_dump()):
+        return distill_task(params, paths.TASKS, paths.model_dirs(params)["rl"], paths.DISTILLED_MODEL,
+                            log=tracking.log_metrics, ckpt_dir=paths.CHECKPOINTS / "distill", outputs=outputs)
 
 
 if __name__ == "__main__":

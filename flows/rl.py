@@ -18,14 +18,17 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
     results = {}
     for name in [stage] if stage else list(params.rl.stages):
         dirs = stage_dirs(params, name)
-        with stage_context(f"rl-{name}", params, params.rl.stage(name).model_dump()):
-            metrics = rl_task(params, name, paths.TASKS, log=tracking.log_metrics, **dirs)
+
+        def outputs(metrics: dict, name=name, dirs=dirs) -> None:  # before the stage removes its checkpoint
             tracking.log_metrics(metrics)
             tracking.log_artifact(dirs["reports_dir"] / "curve.csv")
             write_json(dirs["reports_dir"] / "metrics.json", metrics)
             tracking.log_split(paths.TASKS / "rl")
             log_policy(dirs["out_dir"])
             publish(f"rl-{name}", metrics)
+
+        with stage_context(f"rl-{name}", params, params.rl.stage(name).model_dump()):
+            metrics = rl_task(params, name, paths.TASKS, log=tracking.log_metrics, outputs=outputs, **dirs)
         print(f"RL stage {name} ({metrics['algorithm']}): pool success "
               f"{metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")
         results[name] = metrics

@@ -11,15 +11,16 @@ from tasks.sft import sft_task
 
 @flow(name="sft", log_prints=True)
 def sft_flow(params: Params) -> dict:
-    with stage_context("sft", params, params.sft.model_dump()):
-        metrics = sft_task(params, paths.TASKS, paths.SFT_MODEL, log=tracking.log_metrics,
-                           ckpt_dir=paths.CHECKPOINTS / "sft")
+    def outputs(metrics: dict) -> None:  # before the stage removes its checkpoint: a failure here keeps it
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "sft_metrics.json", metrics)
         tracking.log_split(paths.TASKS / "sft")
         log_policy(paths.SFT_MODEL)
         publish("sft", metrics)
-    return metrics
+
+    with stage_context("sft", params, params.sft.model_dump()):
+        return sft_task(params, paths.TASKS, paths.SFT_MODEL, log=tracking.log_metrics,
+                        ckpt_dir=paths.CHECKPOINTS / "sft", outputs=outputs)
 
 
 if __name__ == "__main__":

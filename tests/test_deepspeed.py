@@ -141,7 +141,7 @@ def test_zero2_ranks_follow_the_single_process_curve_resume_after_sigterm_and_ra
     got, rows = sft(params, root, killed / "model", ckpt)
     printed = capfd.readouterr().out
     assert f"sft: resumed from {ckpt} after epoch 1" in printed, printed[-3000:]
-    assert not ckpt.exists()  # removed by rank 0 once the model is saved
+    assert not ckpt.exists()  # removed once the model (rank 0 saves it) and every output are written
     print(f"resumed run: {time.monotonic() - t0:.1f} s")
 
     # one row per epoch: rank 0 alone logs (the resumed run logs the checkpoint's epoch 1 again)

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from agentkiln.artifacts import ArtifactError, MissingArtifactError, rebuild_hint
 from agentkiln.evaluate.stats import wilson_interval
 
 POLICY_ORDER = ("random", "oracle", "sft", "rl", "distilled")
@@ -324,14 +325,77 @@ def render_pass_k_png(metrics: dict, path: Path) -> bool:
     return True
 
 
-def read_curve(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+CURVE_COLUMNS = ("iteration", "success")  # in every RL curve with rows; kl, entropy, episodes: when logged
+
+
+def curve_hint(stage: str | None, path: Path) -> str:
+    if stage is None:
+        return rebuild_hint(path)
+    return f"re-run the stage that writes it: `agentkiln stage rl@{stage}` (or `dvc repro rl@{stage}`)"
+
+
+def read_curve(path: Path, stage: str | None = None) -> list[dict]:
+    """The rows of an RL stage's curve.csv (stages.rl.write_curve), checked for what curves.png reads:
+    a header with `iteration` and `success`; per row a positive, increasing integer iteration, a
+    success rate in [0, 1], and numbers (or blanks) for kl, entropy and episodes. Anything else raises
+    ArtifactError naming the file, the line and the column, and the RL stage to re-run (`stage`)."""
+    path = Path(path)
+    hint = curve_hint(stage, path)
+
+    def bad(problem: str) -> ArtifactError:
+        return ArtifactError(f"{path}: {problem}; {hint}")
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames
+            rows = [(reader.line_num, r) for r in reader]
+    except FileNotFoundError:
+        raise MissingArtifactError(f"{path}: RL learning curve missing; {hint}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise bad(f"RL learning curve cannot be read ({type(e).__name__}: {e})") from None
+    except csv.Error as e:
+        raise bad(f"not a CSV file ({e})") from None
+    if not header:
+        raise bad("empty: no header row (an RL curve starts with `iteration,...`)")
+    if "iteration" not in header:
+        raise bad(f"missing column 'iteration' (header: {','.join(header)[:120]!r})")
+    if rows and (missing := [c for c in CURVE_COLUMNS if c not in header]):
+        raise bad(f"missing column {', '.join(repr(c) for c in missing)} (header: {','.join(header)[:120]!r})")
+    last = 0
+    for line, r in rows:
+        if None in r:
+            raise bad(f"line {line} has {len(header) + len(r[None])} values for {len(header)} columns")
+
+        def number(col: str, kind=float, blank_ok: bool = True):
+            v = r.get(col)
+            if v is None or v.strip() == "":
+                if blank_ok:
+                    return None
+                raise bad(f"line {line}: no value in column {col!r}")
+            try:
+                return kind(v)
+            except ValueError:
+                raise bad(f"line {line}: column {col!r} is not {'an integer' if kind is int else 'a number'} "
+                          f"({v[:40]!r})") from None
+
+        it = number("iteration", int, blank_ok=False)
+        if it < 1 or it <= last:
+            raise bad(f"line {line}: iteration {it} after {last or 'the header'} (iterations count up from 1)")
+        last = it
+        success = number("success", blank_ok=False)
+        if not 0.0 <= success <= 1.0:
+            raise bad(f"line {line}: success {success} is not a rate in [0, 1]")
+        for col in ("kl", "entropy"):
+            number(col)
+        if (episodes := number("episodes", int)) is not None and episodes < 0:
+            raise bad(f"line {line}: episodes {episodes} is negative")
+    return [r for _, r in rows]
 
 
 def render_curves_png(curves: dict[str, Path], path: Path) -> bool:
     """RL learning curves, stage after stage: rollout success, KL to the reference, entropy."""
-    rows = {name: read_curve(p) for name, p in (curves or {}).items() if Path(p).is_file()}
+    rows = {name: read_curve(p, name) for name, p in (curves or {}).items() if Path(p).is_file()}
     rows = {k: v for k, v in rows.items() if v}
     if not rows:
         return _note_png(path, "no RL learning curve was given")

@@ -10,11 +10,12 @@
 A killed stage resumes (models/checkpoints/distill) when run again with the same params, seed,
 thread count, data, teacher and student: the seeded teacher rollouts are played again (the same
 episodes), then training continues after its last finished epoch or round. The checkpoint is
-removed once the stage finishes.
+removed once every output is written (the model, then `outputs`: reports and MLflow logging), never before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,7 +56,9 @@ def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, s
 
 @fanout.in_session
 def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Path, log=None,
-                ckpt_dir: Path | None = None) -> dict:
+                ckpt_dir: Path | None = None, outputs: Callable[[dict], object] | None = None) -> dict:
+    """Train and save the student to `out_dir`; its report. `outputs(report)` writes the stage's other
+    outputs (the flow's reports and MLflow logging) before the checkpoint is removed (checkpoint.finish)."""
     p = params.distill
     if params.compute.backend == "deepspeed":  # said, not silently ignored
         print("distill: compute.backend deepspeed trains the sft and rl stages; the student trains in this one "
@@ -105,6 +108,4 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
                    "final_loss": rounds[-1]["loss"], "final_success": rounds[-1]["success"], "rounds": rounds}
 
     save_policy(student, out_dir)
-    if ckpt_dir:
-        checkpoint.clear(ckpt_dir)
-    return report
+    return checkpoint.finish(report, ckpt_dir, outputs)

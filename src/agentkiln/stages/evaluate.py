@@ -2,6 +2,9 @@
 when synthesized, the out-of-distribution panel (held-out types), greedy; pass@k from sampled
 episodes on the test panel; paired comparisons between policies; baselines random and oracle.
 
+Every input is read and checked first (`check_inputs`: the panels, each policy's saved directory, each
+RL curve), before Ray starts or any episode is played: a bad one is refused at once, in one line.
+
 Outputs (reports/): metrics.json (per policy: test metrics + breakdowns + efficiency + pass@k, and
 `ood`), outcomes.json (per-task success per policy and panel: what paired comparisons and the
 promotion gate use), comparisons.json, and the human reports (evaluation/report.py).
@@ -13,20 +16,23 @@ import json
 from pathlib import Path
 
 from agentkiln import fanout
+from agentkiln.artifacts import MissingArtifactError, rebuild_hint
 from agentkiln.config import Params
 from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
 from agentkiln.evaluate import trajectories
 from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, records, success_rates
 from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
-from agentkiln.evaluate.report import write_reports
+from agentkiln.evaluate.report import read_curve, write_reports
 from agentkiln.evaluate.stats import compare_paired
 from agentkiln.paths import repo_root
 from agentkiln.policy import load_policy
+from agentkiln.policy.model import saved_meta
 from agentkiln.registry import lineage
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 
 PANELS = ("test", "ood")
+BASELINES = ("random", "oracle")  # played without a model
 
 
 def task_levels(params: Params) -> dict[str, str]:
@@ -57,18 +63,47 @@ def pass_k_ks(samples: int) -> list[int]:
     return ks + ([samples] if ks[-1] != samples else [])
 
 
-@fanout.in_session
+def check_inputs(params: Params, tasks_dir: Path, model_dirs: dict[str, Path],
+                 curves: dict[str, Path] | None = None) -> dict[str, list]:
+    """Read and check everything the evaluation will use, before any of its work: the panels (sealed
+    manifests), each evaluated policy's directory (its manifest: every file present with its sha256,
+    and agent.json) and each RL stage's curve.csv (columns and values). Raises ArtifactError /
+    MissingArtifactError (ValueError / FileNotFoundError) naming the file and the stage to re-run.
+    Returns the panels: name -> tasks."""
+    panels = {name: load_panel(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
+    for name in params.evaluate.policies:
+        if name in BASELINES:
+            continue
+        if name not in model_dirs:
+            raise ValueError(f"params.yaml evaluate.policies lists {name!r}, but no model directory was given for "
+                             f"it (given: {', '.join(sorted(model_dirs)) or 'none'}); remove it from evaluate.policies")
+        d = Path(model_dirs[name])
+        if not d.is_dir():
+            raise MissingArtifactError(f"{d}: model directory of policy {name!r} missing; {rebuild_hint(d)}")
+        saved_meta(d)  # a saved policy's manifest and agent.json: a damaged file is named before any play
+    for stage, curve in (curves or {}).items():
+        if Path(curve).is_file():  # an RL stage that has not run has no curve: nothing to plot, not an error
+            read_curve(curve, stage)
+    return panels
+
+
 def run_evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], reports_dir: Path,
                  curves: dict[str, Path] | None = None) -> dict:
+    panels = check_inputs(params, tasks_dir, model_dirs, curves)  # before Ray starts or any episode is played
+    return _evaluate(params, tasks_dir, model_dirs, reports_dir, curves, panels)
+
+
+@fanout.in_session
+def _evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], reports_dir: Path,
+              curves: dict[str, Path] | None, panels: dict[str, list]) -> dict:
     p = params.evaluate
     levels = task_levels(params)
-    panels = {name: load_panel(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
     metrics: dict[str, dict] = {}
     per_task: dict[str, dict] = {}
     sampled: dict[str, dict[str, float]] = {}  # policy -> task -> success rate over its pass@k samples
     shown: dict[str, list] = {}  # policy -> the test episodes the trajectory viewer shows
     for name in p.policies:
-        policy = None if name in ("random", "oracle") else load_policy(model_dirs[name], compute=params.compute)
+        policy = None if name in BASELINES else load_policy(model_dirs[name], compute=params.compute)
         for panel, tasks in panels.items():
             # a fresh agent per panel: the random baseline's draws do not depend on which panels exist
             episodes = run_episodes(greedy_agent(name, policy, params), tasks, tasks_dir, p.max_turns,

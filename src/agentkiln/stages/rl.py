@@ -2,7 +2,8 @@
 save the model, the per-iteration curve and the pool's greedy success before and after.
 
 A killed stage resumes from its last checkpoint (models/checkpoints/rl/<stage>) when run again with
-the same params, starting model and pool; the checkpoint is removed once the stage finishes.
+the same params, starting model and pool; the checkpoint is removed once every output is written (the
+model, the curve, then `outputs`: reports and MLflow logging), never before.
 
 With `compute.backend: deepspeed` the stage launches `compute.deepspeed.num_procs` data-parallel
 ZeRO-2 ranks (trainers.distributed, trainers.rl.train_rl_ranks): rank 0 plays the rollouts and
@@ -14,6 +15,7 @@ PPO (critic), ZeRO-3 and vLLM rollouts are refused on ranks, naming the setting.
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 from agentkiln import fanout, paths
@@ -37,8 +39,12 @@ def write_curve(history: list[dict], curve_csv: Path) -> None:
 
 @fanout.in_session
 def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
-           ckpt_dir: Path | None = None, log=None) -> dict:
+           ckpt_dir: Path | None = None, log=None, outputs: Callable[[dict], object] | None = None) -> dict:
+    """Train RL stage `stage`; save its model to `out_dir` and its curve to `reports_dir`; its metrics.
+    `outputs(metrics)` writes the stage's other outputs (the flow's reports and MLflow logging) before
+    the checkpoint is removed (checkpoint.finish)."""
     p = params.rl.stage(stage)
+    pool = load_split(tasks_dir, "rl")  # first: a damaged split (a truncated game) stops the stage before any work
     ranks = params.compute.backend == "deepspeed"
     if ranks:  # a setting this machine or RL on ranks cannot honour stops the run before any work
         distributed.plan(params.compute)
@@ -47,7 +53,6 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
     policy = load_policy(init_dir, compute=compute)
     # the KL reference: a frozen copy, or with LoRA the policy itself with its adapters off
     ref = load_policy(init_dir, compute=compute) if p.kl_coef > 0 and not p.lora.enabled else None
-    pool = load_split(tasks_dir, "rl")
     # the rendezvous port does not change what a run computes: a resumed run may use another one
     compute_key = params.compute.model_dump(exclude={"deepspeed": {"master_port"}} if ranks else None)
     key = checkpoint.fingerprint(stage, p.model_dump(), compute_key, params.seed,
@@ -71,9 +76,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
             merged = lora.merge(policy, out_dir)
         save_policy(policy, out_dir)
     write_curve(history, reports_dir / "curve.csv")
-    if ckpt_dir:
-        checkpoint.clear(ckpt_dir)
-    return {
+    return checkpoint.finish({
         "stage": stage,
         "algorithm": p.algorithm,
         "init": p.init,
@@ -84,7 +87,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
         "iterations": len(history),
         "episodes": history[-1]["episodes"] if history else 0,
         **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),
-    }
+    }, ckpt_dir, outputs)
 
 
 def stage_dirs(params: Params, stage: str) -> dict[str, Path]:

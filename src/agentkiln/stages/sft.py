@@ -2,7 +2,8 @@
 chat model), trained on the expert's whole episodes, loss on the agent's reply tokens only.
 
 A killed stage resumes after its last finished epoch (models/checkpoints/sft) when run again with the
-same params, seed, thread count, data and starting model; the checkpoint is removed once it finishes.
+same params, seed, thread count, data and starting model; the checkpoint is removed once every output
+is written (the model, then `outputs`: reports and MLflow logging), never before.
 
 With `compute.backend: deepspeed` the stage builds the policy on the CPU, launches
 `compute.deepspeed.num_procs` data-parallel ranks (trainers.distributed) and waits: rank 0 relays the
@@ -11,6 +12,7 @@ per-epoch metrics, writes the checkpoints and saves the model (adapter and check
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from agentkiln.config import Params
@@ -48,7 +50,10 @@ def render_all(policy: Policy, episodes: list[Episode], reply_tokens: int | None
     return out
 
 
-def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: Path | None = None) -> dict:
+def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: Path | None = None,
+            outputs: Callable[[dict], object] | None = None) -> dict:
+    """Train and save the SFT policy to `out_dir`; its metrics. `outputs(metrics)` writes the stage's other
+    outputs (the flow's reports and MLflow logging) before the checkpoint is removed (checkpoint.finish)."""
     df = load_expert_trajectories(Path(tasks_dir) / "expert_trajectories.parquet")
     fmt = AgentFormat(**params.sft.agent.model_dump())
     demos = expert_episodes(df[df["split"] == "sft"])
@@ -84,9 +89,7 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
                                    ckpt_dir=ckpt_dir, ckpt_key=key)
         merged = lora.merge(policy, out_dir) if lora.has_lora(policy) else None
         save_policy(policy, out_dir)
-        if ckpt_dir:
-            checkpoint.clear(ckpt_dir)
-    return {
+    return checkpoint.finish({
         "n_params": policy.n_params(),
         "vocab_size": len(policy.tokenizer),
         "n_episodes": len(episodes),
@@ -97,12 +100,13 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         "final_loss": history[-1]["loss"],
         "final_token_acc": history[-1]["token_acc"],
         **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),
-    }
+    }, ckpt_dir, outputs)
 
 
 def _sft_rank(rank: distributed.Rank, job: dict) -> dict | None:
     """One DeepSpeed rank of the SFT stage: train its share; rank 0 then saves the model from a fresh
-    unsharded copy of the starting policy loaded with the final weights, and removes the checkpoint."""
+    unsharded copy of the starting policy loaded with the final weights (the parent removes the
+    checkpoint, once every output is written)."""
     policy = place(job["policy"], rank.compute)
     history, weights = train_supervised_ranks(rank, policy, job["episodes"], job["cfg"], seed=job["seed"], desc="sft",
                                               ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"])
@@ -113,6 +117,4 @@ def _sft_rank(rank: distributed.Rank, job: dict) -> dict | None:
     final.model.eval()
     merged = lora.merge(final, job["out_dir"]) if lora.has_lora(final) else None
     save_policy(final, job["out_dir"])
-    if job["ckpt_dir"]:
-        checkpoint.clear(job["ckpt_dir"])
     return {"history": history, "merged": merged}
