@@ -150,6 +150,6 @@ def test_a_stage_run_through_dash_still_dies_with_dvc(tmp_path):
     deadline = time.monotonic() + 10
     while alive(stage[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = alive(stage[0])
-    os.killpg(fake_dvc.pid, signal.SIGKILL) if alive else None
-    assert not alive and flag.read_text() == "terminated"
+    left = alive(stage[0])
+    os.killpg(fake_dvc.pid, signal.SIGKILL) if left else None
+    assert not left and flag.read_text() == "terminated"
