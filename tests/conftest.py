@@ -23,6 +23,12 @@ os.environ.update(
         "TQDM_DISABLE": "1",
     }
 )
+# One CPU instruction set for torch's kernels on every x86 machine (AVX2, as on the machines the
+# learning tests were calibrated on): AVX-512 kernels round differently, and a tiny model's RL
+# trajectory then takes another path. Read before torch's first kernel runs.
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 # Prefect's temporary API server gets 20 s to start by default: not enough on a loaded 2-core machine.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("AGENTKILN_PARENT_RUN_ID", None)
