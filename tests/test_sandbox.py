@@ -307,3 +307,17 @@ def test_spawn_mode_runs_and_contains():
     with Sandbox(mode="spawn") as s:
         assert s.run("print(sum(range(5)))", SLOW).stdout == "10\n"
         blocked(s.run("import os\nos.system('true')", SLOW), "starting processes")
+
+
+def test_a_long_temporary_directory_path_still_gives_a_socket(tmp_path, monkeypatch):
+    """A run's private TMPDIR under a deep directory: the socket's path must still fit a Unix socket
+    address (108 bytes), so its directory goes to /tmp."""
+    import tempfile
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with Sandbox() as s:
+        assert s.run("print(6 * 7)", SLOW).stdout == "42\n"
+        (srv,) = s._servers.values()
+        assert srv.work_root.startswith(str(deep)) and len(srv.path) <= 107

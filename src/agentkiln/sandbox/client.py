@@ -72,10 +72,17 @@ class _Gone(Exception):
     """The server is not there (any more): restart it and try again."""
 
 
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
 def _new_dir(kind: str) -> str:
     """A fresh directory in the system temp dir named for the owning process (`kind`: sock or work);
-    those a killed process left behind (its pid gone) are removed first."""
+    those a killed process left behind (its pid gone) are removed first. A socket's directory goes to
+    /tmp instead when the temp dir's path is so long that the socket's would not fit a Unix socket
+    address (a run's private TMPDIR under a deep test directory)."""
     tmp = tempfile.gettempdir()
+    if kind == "sock" and len(os.path.join(tmp, f"{BASE_PREFIX}{os.getpid()}-sock-xxxxxxxx", "s")) > SOCKET_PATH_MAX:
+        tmp = "/tmp"
     try:
         names = os.listdir(tmp)
     except OSError:
@@ -84,7 +91,7 @@ def _new_dir(kind: str) -> str:
         pid = name[len(BASE_PREFIX):].split("-", 1)[0]
         if name.startswith(BASE_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-{kind}-")
+    return tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-{kind}-", dir=tmp)
 
 
 class _Server:
