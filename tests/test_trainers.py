@@ -25,7 +25,9 @@ def test_sft_on_whole_episodes_learns_the_expert(lake_pool):
     demos = [render(pol, ep, 16) for ep in expert_episodes(tasks, tasks_dir)]
     assert all(len(ep.windows) == 1 and ep.n_tokens == sum(len(pol.chat.reply(t.action)) for t in ep.turns)
                for ep in demos)
-    cfg = OptimConfig(epochs=100, batch_size=2, lr=1e-2, weight_decay=0.0, warmup_steps=2, max_grad_norm=1.0)
+    # lr 3e-3: at 1e-2 the end of training was at the edge of stability (final token accuracy 0.92-0.96
+    # and 2-5 replays won, by the CPU's kernels: AVX2 or AVX-512, MKL's code path); here 0.986-1.0, 5-6
+    cfg = OptimConfig(epochs=100, batch_size=2, lr=3e-3, weight_decay=0.0, warmup_steps=2, max_grad_norm=1.0)
     hist = train_supervised(pol, demos, cfg, seed=0)
     assert hist[0]["loss"] > 1.0 and hist[-1]["loss"] < 0.05 * hist[0]["loss"] and hist[-1]["token_acc"] > 0.95
     played = run_episodes(PolicyAgent(pol, greedy=True), tasks, tasks_dir, None)
