@@ -17,6 +17,8 @@ whole cache as transformers' DynamicCache does (torch.cat per step).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -99,12 +101,20 @@ class _Group:
         self.pos = [0] * len(rows)
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward argument that takes the KV cache: `cache` from transformers 5.24 on, where
+    `past_key_values` is deprecated (warned on every call: a flooded log) and goes in 5.40."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA (peft)
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 class KVRows:
     """Incremental forward passes over rows of token sequences (caches per group of similar rows).
     Row ids are fixed at construction; `prepare` names the live ones before each turn."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, rows: int):
         self.model, self.pad_id = model, pad_id
+        self.cache_arg = cache_argument(model)
         self.device = next(model.parameters()).device
         self.hidden = int(model.config.get_text_config().hidden_size)
         self.groups = [_Group(list(range(rows)), self.device)]
@@ -219,5 +229,5 @@ class KVRows:
             group.cache = Cache(layer_class_to_replicate=_SlotLayer)
         group.mask = torch.cat([group.mask, real.to(self.device)], dim=1)
         out = self.model(input_ids=ids.to(self.device), attention_mask=group.mask, position_ids=pos.to(self.device),
-                         past_key_values=group.cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self.cache_arg: group.cache})
         return out.logits[:, -1].float()
