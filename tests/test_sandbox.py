@@ -321,3 +321,27 @@ def test_a_long_temporary_directory_path_still_gives_a_socket(tmp_path, monkeypa
         assert s.run("print(6 * 7)", SLOW).stdout == "42\n"
         (srv,) = s._servers.values()
         assert srv.work_root.startswith(str(deep)) and len(srv.path) <= 107
+
+
+def test_a_forked_process_gets_servers_of_its_own():
+    """A pool worker forked from the trainer: its calls go to servers it starts (the parent's would
+    refuse it as a peer), and the parent's keep answering the parent."""
+    with Sandbox() as s:
+        assert s.run("print(1)", SLOW).ok
+        (parent_srv,) = s._servers.values()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                res = s.run("print(2)", SLOW)
+                (srv,) = s._servers.values()
+                os.write(w, f"{res.stdout.strip()} {srv.proc.pid != parent_srv.proc.pid}".encode())
+                s.close()
+            finally:
+                os._exit(0)
+        os.close(w)
+        out = os.read(r, 100).decode()
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert out == "2 True"
+        assert s.run("print(3)", SLOW).stdout == "3\n" and parent_srv.alive()

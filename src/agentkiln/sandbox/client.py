@@ -207,7 +207,6 @@ class Sandbox:
         with self._lock:
             if os.getpid() != self._owner:  # a forked copy of this object: its servers are the parent's
                 self._servers, self._owner, self.zygote_failed = {}, os.getpid(), False
-                key = json.dumps({**cfg, "trainer_pid": os.getpid()}, sort_keys=True)
             srv = self._servers.pop(key, None)
             if srv is not None and (srv is failed or not srv.alive()):
                 srv.stop()
