@@ -237,7 +237,7 @@ def test_editing_code_marks_exactly_the_stages_that_run_it_stale(repo):
         deps = dvc[stage].get("do", dvc[stage])["deps"]
         return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
-    for path in ("src/agentkiln/trainers/distill.py", "src/agentkiln/sandbox.py", "src/agentkiln/policy/model.py",
+    for path in ("src/agentkiln/trainers/distill.py", "src/agentkiln/sandbox/server.py", "src/agentkiln/policy/model.py",
                  "src/agentkiln/synthesis/sql.py"):
         original = (dst / path).read_bytes()
         (dst / path).write_bytes(original + b"\n# an edit\n")
