@@ -127,7 +127,7 @@ def test_sft_rl_evaluate_on_a_local_chat_model(world, arch, tmp_path):
         "promote": {"candidates": ["rl", "sft"]},  # only evaluated policies can be candidates
     })
     sft = run_sft(params, tasks_dir, tmp_path / "sft")
-    assert sft["n_episodes"] == 8 and sft["final_loss"] > 0
+    assert sft["n_episodes_clean"] == 8 and sft["final_loss"] > 0
     saved = json.loads((tmp_path / "sft" / "agent.json").read_text())
     assert saved["context"] == 1024
     rl = run_rl(params, "main", tasks_dir, tmp_path / "sft", tmp_path / "rl", tmp_path / "reports")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from agentkiln.cli import app
 from tests.conftest import copy_worktree
 
-COMMANDS = [["run"], ["stage"], ["eval"], ["play"], ["promote"], ["rollback"], ["registry"], ["registry", "show"],
+COMMANDS = [["run"], ["stage"], ["eval"], ["play"], ["findings"], ["promote"], ["rollback"], ["registry"], ["registry", "show"],
             ["serve"], ["ui"], ["doctor"]]
 SCRIPT = Path(sys.executable).parent / "agentkiln"
 

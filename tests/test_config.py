@@ -48,6 +48,12 @@ def test_repository_params_are_valid():
         (lambda r: r["sft"]["model"].update(hidden_size=130), "divisible by num_heads"),
         (lambda r: r.update(extra_section={}), "extra_section: unknown key"),
         (lambda r: r["evaluate"].update(policies=["random", "teacher"]), "evaluate.policies.1 = 'teacher'"),
+        (lambda r: r["synthesize"]["recovery"].update(mistakes=[3, 1]), "synthesize.recovery.mistakes: Value error, must be [lo, hi]"),
+        (lambda r: r["synthesize"]["recovery"].update(mistakes=[0, 1]), "synthesize.recovery.mistakes: Value error, must be [lo, hi]"),
+        (lambda r: r["synthesize"]["recovery"].update(episodes_per_task=-1), "synthesize.recovery.episodes_per_task = -1"),
+        (lambda r: r["sft"]["data"].update(recovery=-0.5), "sft.data.recovery = -0.5"),
+        (lambda r: r["sft"]["data"].update(clean=0, recovery=0, alternative=0), "sft.data: Value error, clean, recovery and alternative are all 0"),
+        (lambda r: r["sft"]["data"]["own_wins"].update(samples_per_task=0), "sft.data.own_wins.samples_per_task = 0"),
     ],
 )
 def test_bad_params_name_the_field(tmp_path, mutate, expected):

@@ -241,7 +241,8 @@ def test_settings_this_machine_cannot_honour_stop_the_run_by_name():
 # iteration 1 leaves a 1-row minibatch where rank 1 joins the reduction with a zero-weight row
 RL = {"defaults": {"algorithm": "grpo", "iterations": 2, "episode_budget": None, "tasks_per_iter": 2, "group_size": 4,
                    "max_turns": 6, "minibatch_size": 7, "micro_batch_size": None, "kl_coef": 0.05,
-                   "entropy_coef": 0.01, "truncation_penalty": -0.5, "invalid_penalty": -0.1, "checkpoint_every": 1},
+                   "entropy_coef": 0.01, "reward": {"truncation": {"weight": 0.5}, "invalid": {"weight": 0.1}},
+                   "checkpoint_every": 1},
       "stages": {"s1": {"init": "sft"}}}
 RL_REL_TOL = 1e-5  # per-iteration loss / KL / entropy / grad norm, relative (measured <= 8e-7)
 

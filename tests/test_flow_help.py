@@ -8,7 +8,7 @@ import sys
 
 from tests.conftest import copy_worktree
 
-FLOWS = ["synthesize", "sft", "rl", "distill", "evaluate", "promote", "ablation", "pipeline"]
+FLOWS = ["synthesize", "sft", "rl", "distill", "evaluate", "promote", "ablation", "findings", "pipeline"]
 
 SCRIPT = """
 import runpy, sys, os

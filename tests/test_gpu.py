@@ -94,7 +94,7 @@ def test_one_rl_iteration_in_bf16_on_the_device(device, lake_pool, tmp_path):
     # a random policy on FrozenLake: some episodes fall in a hole, some run out of turns (penalised),
     # a few win, so GRPO's groups carry signal
     p = RLParams(algorithm="grpo", iterations=1, tasks_per_iter=4, group_size=8, max_turns=6, episode_budget=None,
-                 truncation_penalty=-0.5, minibatch_size=16, micro_batch_size=8, lr=1e-3, kl_coef=0.0,
+                 reward={"truncation": {"weight": 0.5}}, minibatch_size=16, micro_batch_size=8, lr=1e-3, kl_coef=0.0,
                  checkpoint_every=0)
     history = train_rl(policy, None, tasks, tasks_dir, p, seed=0)
     assert len(history) == 1 and history[0]["episodes"] == 32

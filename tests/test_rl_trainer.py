@@ -50,7 +50,7 @@ def per_turn(batch: Batch, column: torch.Tensor, eps) -> list[list[list[float]]]
 
 
 def test_shaping_puts_penalties_on_the_right_turns_and_kl_on_every_token():
-    p = RLParams(invalid_penalty=-0.1, truncation_penalty=-0.5, kl_coef=0.5)
+    p = RLParams(reward={"invalid": {"weight": 0.1}, "truncation": {"weight": 0.5}, "bound": 1.0}, kl_coef=0.5)
     eps = [episode(0, [t(2, invalid=True), t(1, reward=1.0)], won=True),
            episode(0, [t(1), t(2, invalid=True)], won=False, max_turns=2)]  # ran out of turns
     assert shaped_turn_rewards(eps, p) == [[-0.1, 1.0], [0.0, -0.6]]
@@ -294,7 +294,7 @@ def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm, 
 
     monkeypatch.setattr(trainer, "update", spy)
     p = RLParams(algorithm=algorithm, iterations=2, tasks_per_iter=3, group_size=4, max_turns=6, lr=1e-2,
-                 truncation_penalty=-0.1, minibatch_size=6, micro_batch_size=3)
+                 reward={"truncation": {"weight": 0.1}}, minibatch_size=6, micro_batch_size=3)
     hist = trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=0)
     assert [h["iteration"] for h in hist] == [1, 2] and hist[-1]["episodes"] == 24
     keys = {"success", "entropy", "kl", "clip_frac", "grad_norm", "response_tokens", "episode_tokens",
@@ -356,7 +356,7 @@ def test_killed_run_resumes_from_its_checkpoint_with_identical_results(lake_pool
 def test_free_generation_trains_with_an_invalid_action_penalty(lake_pool, texts):
     tasks, tasks_dir = lake_pool
     pol, ref = policy(texts), policy(texts)
-    p = RLParams(decoding={"gym-toytext": "free"}, max_reply_tokens=4, invalid_penalty=-0.5, iterations=1,
+    p = RLParams(decoding={"gym-toytext": "free"}, max_reply_tokens=4, reward={"invalid": {"weight": 0.5}}, iterations=1,
                  tasks_per_iter=2, group_size=3, max_turns=3)
     hist = trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=0)
     # an untrained model's free text is never an admissible action: every turn invalid and penalised
@@ -390,7 +390,8 @@ def test_prepare_recomputes_old_logprobs_and_weights_advantages_when_the_rollout
     # e^-0.3 (under the cap) against the same batch prepared without recomputation
     tasks, tasks_dir = lake_pool
     pol = policy(texts)
-    p = RLParams(tasks_per_iter=3, group_size=4, max_turns=6, truncation_penalty=-0.1, kl_coef=0.0, tis_cap=2.0)
+    p = RLParams(tasks_per_iter=3, group_size=4, max_turns=6, reward={"truncation": {"weight": 0.1}}, kl_coef=0.0,
+                 tis_cap=2.0)
     eps, _, _ = trainer.collect(pol, tasks, tasks_dir, p, random.Random(0), seed=0)
     plain, _, _, none = trainer.prepare(pol, None, None, eps, p)
     assert none == {}

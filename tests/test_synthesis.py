@@ -1,6 +1,7 @@
 """The synthesize stage: a mixture of families into seeded, verified, disjoint splits (ood held
-out), task and expert tables under their schemas, and the Great Expectations checkpoint. Tiny
-params, synthesized twice per module to check reproducibility."""
+out), task and expert tables under their schemas (clean walkthroughs, recovery episodes whose
+mistakes are flagged, alternative walkthroughs), and the Great Expectations checkpoint. Tiny params,
+synthesized twice per module to check reproducibility."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import pytest
 
 from agentkiln.config import SPLITS, SynthesizeParams
 from agentkiln.data_checks import run_checkpoint
-from agentkiln.envs import TaskSpec
+from agentkiln.envs import TaskSpec, make
 from agentkiln.schemas import load_expert_trajectories, validate_task_table
 from agentkiln.synthesis import env_version, stage, synthesize
-from agentkiln.synthesis.generate import play_expert
+from agentkiln.synthesis.generate import generate, play_expert
+from agentkiln.synthesis.recovery import Extras, extra_episodes, optimal, turn_limit
 
 TYPES = {
     "coin": {"family": "textworld", "level": "easy"},
@@ -102,13 +104,90 @@ def test_task_and_expert_tables(runs):
     df = load_expert_trajectories(root / "expert_trajectories.parquet")
     assert set(df["split"]) == {"sft", "rl"}  # the panels' solutions are never training data
     assert set(df["family"]) == {"textworld", "gym-toytext", "sokoban"}
+    assert set(df["variant"]) == {"clean", "recovery", "alternative"}
+    assert set(df.loc[df["variant"] == "alternative", "family"]) == {"gym-toytext"}  # the one family that has them
     for split in ("sft", "rl"):
         for t in manifest(root, split)["tasks"]:
-            rows = df[df["task_id"] == t["task_id"]]
+            rows = df[df["episode"] == f"{t['task_id']}/clean"]
+            assert not rows["mistake"].any()
             assert list(rows["step"]) == list(range(t["expert_steps"]))
             assert list(rows["done"]) == [False] * (len(rows) - 1) + [True] and rows["reward"].iloc[-1] == 1.0
             if t["task_type"] == "cook":
                 assert rows["action"].iloc[0] == "examine cookbook"
+
+
+def replay_checks(task: TaskSpec, root, rows: pd.DataFrame) -> None:
+    """Replay an extra episode's actions in a fresh environment: the same observations, every
+    non-mistake step is the expert's own action from the state it was in (after the mistakes: the
+    perturbed state), every flagged step is not, and the episode ends in a win."""
+    env = make(task, root, max_turns=turn_limit(task, 40))
+    obs = env.reset()
+    for r in rows.itertuples():
+        assert obs.text == r.observation
+        assert (r.action != env.expert_action()) == r.mistake, (task.task_id, r.step)
+        res = env.step(r.action)
+        assert (res.done, res.reward) == (r.done, r.reward)
+        obs = res.observation
+    assert env.won and rows["done"].iloc[-1]
+
+
+def test_recovery_episodes_recover_from_flagged_mistakes(runs):
+    (root, summary), _ = runs
+    df = load_expert_trajectories(root / "expert_trajectories.parquet")
+    tasks = {t["task_id"]: TaskSpec(**t) for s in ("sft", "rl") for t in manifest(root, s)["tasks"]}
+    rec = df[df["variant"] == "recovery"]
+    assert rec["episode"].nunique() >= 4 and set(rec["family"]) == {"textworld", "gym-toytext", "sokoban"}
+    for _, rows in rec.groupby("episode"):
+        flags = rows["mistake"].tolist()
+        first = flags.index(True)
+        k = sum(flags)
+        assert 1 <= k <= 2 and flags[first:first + k] == [True] * k  # one block of 1-2 injected steps
+        assert not any(flags[first + k:]) and len(flags) > first + k  # then the expert plays on
+        clean = df[df["episode"] == f"{rows['task_id'].iloc[0]}/clean"]
+        assert rows["action"].iloc[:first].tolist() == clean["action"].iloc[:first].tolist()  # the expert's prefix
+        replay_checks(tasks[rows["task_id"].iloc[0]], root, rows)
+    kept = sum(summary["splits"][s]["episodes"].get("recovery", 0) for s in ("sft", "rl"))
+    dropped = sum(summary["splits"][s]["extra_dropped"] for s in ("sft", "rl"))
+    assert kept == rec["episode"].nunique() and kept + dropped >= len(tasks)
+    assert "episodes" not in summary["splits"]["test"]  # the panels get no extra episodes
+
+
+def test_alternative_walkthroughs_are_other_shortest_paths(runs):
+    (root, _), _ = runs
+    df = load_expert_trajectories(root / "expert_trajectories.parquet")
+    tasks = {t["task_id"]: TaskSpec(**t) for s in ("sft", "rl") for t in manifest(root, s)["tasks"]}
+    alt = df[df["variant"] == "alternative"]
+    assert alt["episode"].nunique() >= 1 and not alt["mistake"].any()
+    for _, rows in alt.groupby("episode"):
+        task = tasks[rows["task_id"].iloc[0]]
+        clean = df[df["episode"] == f"{task.task_id}/clean"]
+        assert len(rows) == len(clean) == task.expert_steps  # as short as the expert's
+        assert rows["action"].tolist() != clean["action"].tolist()
+        env = make(task, root)
+        env.reset()
+        for a in rows["action"]:
+            assert a in optimal(env)
+            env.step(a)
+        assert env.won
+
+
+def test_free_form_mistakes_are_wrong_calls_or_garbage(tmp_path):
+    """Tool families have no admissible list: a mistake is a wrong tool call or a malformed one, never
+    a final answer; the expert recovers; the same task gives the same episodes."""
+    tasks = generate("python-tool", 6, seed=7, level="easy", out_dir=tmp_path)
+    extras = Extras(episodes_per_task=2, mistakes=(1, 2), alternatives=1)
+    n = 0
+    for task in tasks:
+        clean = play_expert(task, tmp_path, 40)[2]
+        eps, dropped = extra_episodes(task, tmp_path, 40, clean, extras)
+        assert (eps, dropped) == extra_episodes(task, tmp_path, 40, clean, extras)  # seeded by the task
+        assert all(e["variant"] == "recovery" for e in eps)  # python-tool has no alternative paths
+        for e in eps:
+            rows = pd.DataFrame(e["rows"])
+            assert not any(a.startswith("answer[") for a in rows.loc[rows["mistake"], "action"])
+            replay_checks(task, tmp_path, rows.assign(step=range(len(rows))))
+            n += 1
+    assert n >= 6
 
 
 def test_same_params_same_bytes(runs):
@@ -140,6 +219,10 @@ def test_corrupt_tables_are_rejected_by_name(runs, tmp_path):
         "empty_action.parquet": (df.assign(action=""), "'action'"),
         "bad_json.parquet": (df.assign(admissible="go east"), "'admissible'"),
         "bad_family.parquet": (df.assign(family="minecraft"), "'family'"),
+        "bad_variant.parquet": (df.assign(variant="noisy"), "'variant'"),
+        "clean_mistake.parquet": (df.assign(mistake=True), "mistake may be true only in recovery"),
+        "bad_episode.parquet": (df.assign(episode=df["task_id"] + "/other"), "column episode must be"),
+        "no_clean.parquet": (df[df["variant"] != "clean"], "must include its clean walkthrough"),
     }
     for name, (bad, needle) in cases.items():
         bad.to_parquet(tmp_path / name, index=False)

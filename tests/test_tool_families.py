@@ -43,7 +43,7 @@ def test_sft_then_rl_with_real_tool_calls_moves_pool_success(family, tmp_path):
                 "epochs": epochs, "batch_size": 4, "lr": 0.005 if epochs > 30 else 0.003},
         "rl": {"defaults": {"algorithm": "grpo", "episode_budget": None, "tasks_per_iter": 8, "group_size": 8,
                             "dynamic_sampling": False, "kl_coef": 0.0, "minibatch_size": 16, "micro_batch_size": 16,
-                            "truncation_penalty": -0.1} | rl,
+                            "reward": {"truncation": {"weight": 0.1}}} | rl,
                "stages": {"main": {"init": "sft"}}},
     })
     sft = run_sft(params, tasks_dir, tmp_path / "sft")

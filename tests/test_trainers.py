@@ -1,6 +1,9 @@
 """Trainers on a tiny model: SFT on whole expert episodes fits them (loss by value, then greedy replay);
 one RL update moves probability toward the positive-advantage replies; save/load round-trips the
-policy, its chat format and its agent format."""
+policy, its chat format and its agent format; SFT's loss skips a recovery episode's mistake replies."""
+
+import json
+import random
 
 import torch
 
@@ -8,10 +11,12 @@ from agentkiln.config import ModelParams, RLParams
 from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, save_policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.episode import Episode, Turn
 from agentkiln.rollout.sequence import render
+from agentkiln.synthesis.recovery import recovery_episode
 from agentkiln.trainers.batch import build_batch, token_logprobs
 from agentkiln.trainers.rl import update
-from agentkiln.trainers.supervised import OptimConfig, train_supervised
+from agentkiln.trainers.supervised import OptimConfig, sft_batch, train_supervised
 
 from tests.conftest import expert_episodes, task_texts
 
@@ -63,3 +68,35 @@ def test_save_and_load_round_trip(lake_pool, tmp_path):
     b = run_episodes(PolicyAgent(back, greedy=True), tasks[:2], tasks_dir, 3)
     assert [e.ids for e in a] == [e.ids for e in b]
     assert all("Actions:" not in pol.tokenizer.decode(e.ids) for e in a)  # the saved format is the one played
+
+
+def test_sft_loss_mask_skips_exactly_the_mistake_replies(lake_pool):
+    """STeP's partial masking: a recovery episode's injected mistakes stay in the conversation (their
+    ids are in the rows, the later replies are scored after them) but none of their reply tokens is a
+    target; every other reply token still is."""
+    tasks, tasks_dir = lake_pool
+    pol = build_scratch_policy(TINY, task_texts(tasks, tasks_dir), AgentFormat(), seed=0)
+    eps = []
+    for j, task in enumerate(tasks[:3]):
+        rows = next(r for k in range(50) if (r := recovery_episode(task, tasks_dir, 40, task.expert_steps, (1, 2),
+                                                                   random.Random(f"{j}:{k}"))) is not None)
+        ep = Episode(task.task_id, task.family, j, goal=rows[0]["goal"], won=True)
+        ep.turns = [Turn(r["observation"], json.loads(r["admissible"]), "", reply=r["action"], action=r["action"],
+                         mistake=r["mistake"]) for r in rows]
+        eps.append(render(pol, ep, 16))
+    assert all(any(t.mistake for t in ep.turns) and not all(t.mistake for t in ep.turns) for ep in eps)
+    full, sft = build_batch(eps, pol.pad_id), sft_batch(pol, eps)
+    assert torch.equal(full.input_ids, sft.input_ids)  # the mistakes are still context
+    expected = full.loss_mask.clone()
+    for r, e in enumerate(full.episode.tolist()):
+        for t in eps[e].turns:
+            if t.mistake:
+                assert expected[r, t.start:t.end].all()
+                expected[r, t.start:t.end] = False
+    assert torch.equal(sft.loss_mask, expected) and sft.n_tokens < full.n_tokens
+    with torch.no_grad():
+        logp_full, _ = token_logprobs(pol.model, full, with_entropy=False)
+        logp_sft, _ = token_logprobs(pol.model, sft, with_entropy=False)
+    assert torch.allclose(logp_sft, logp_full[expected[full.loss_mask]])
+    cfg = OptimConfig(epochs=1, batch_size=2, lr=1e-3, weight_decay=0.0, warmup_steps=1, max_grad_norm=1.0)
+    assert train_supervised(pol, eps, cfg, seed=0)[0]["loss"] > 0

@@ -262,7 +262,7 @@ def test_rl_trains_on_vllm_rollouts_synced_every_iteration_with_the_mismatch_log
     tasks, tasks_dir = lake_pool
     pol = copy.deepcopy(trained)
     p = RLParams(algorithm="grpo", iterations=3, tasks_per_iter=3, group_size=4, max_turns=6, lr=1e-2,
-                 truncation_penalty=-0.1, kl_coef=0.0, minibatch_size=6, tis_cap=2.0, checkpoint_every=0)
+                 reward={"truncation": {"weight": 0.1}}, kl_coef=0.0, minibatch_size=6, tis_cap=2.0, checkpoint_every=0)
     try:
         hist = train_rl(pol, None, tasks, tasks_dir, p, seed=0, rollout=rollout)
     finally:

@@ -4,6 +4,7 @@
     agentkiln stage rl@main                  one DVC stage and what it needs
     agentkiln eval --model sft --panel ood   evaluate any policy on a frozen panel
     agentkiln play --family sokoban          watch an episode in the terminal
+    agentkiln findings [--publish]           reproduce the papers' claims (params.yaml findings)
     agentkiln promote | rollback | registry  the model registry
     agentkiln serve --cron "0 3 * * *"       the pipeline on a schedule (Prefect)
     agentkiln ui                             MLflow and Prefect servers on loopback
@@ -142,6 +143,18 @@ def play(
                      delay=delay, out=typer.echo)
     except PlayError as e:
         fail(str(e))
+
+
+@app.command()
+def findings(
+    publish: Annotated[bool, typer.Option("--publish", help="train nothing: copy the last report's "
+                                          "findings.md and findings.json to docs/")] = False,
+) -> None:
+    """Reproduce the claims of params.yaml `findings` (python -m flows.findings): every arm x seed once,
+    cached; writes reports/findings/findings.{md,json,png}.
+
+    Example: agentkiln findings && agentkiln findings --publish"""
+    run_module("flows.findings", *(["--publish"] if publish else []))
 
 
 # ---------------------------------------------------------------------------- the registry

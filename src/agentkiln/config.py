@@ -164,11 +164,29 @@ class Split(_Strict):
         return self
 
 
+class RecoveryParams(_Strict):
+    """Extra SFT episodes beside each sft / rl task's clean walkthrough (agentkiln.synthesis.recovery):
+    recovery episodes (k mistakes at a seeded step, then the expert from there) and alternative optimal
+    walkthroughs where a family has them. The panels (test, ood) never get any."""
+
+    episodes_per_task: int = Field(1, ge=0, le=100, description="recovery episodes attempted per task (0: none)")
+    mistakes: list[int] = Field(default_factory=lambda: [1, 2], description="[lo, hi]: k mistakes, drawn uniformly")
+    alternatives: int = Field(1, ge=0, le=100, description="alternative optimal walkthroughs attempted per task")
+
+    @field_validator("mistakes")
+    @classmethod
+    def _range(cls, v: list[int]) -> list[int]:
+        if len(v) != 2 or not 1 <= v[0] <= v[1] <= 100:
+            raise ValueError(f"must be [lo, hi] with 1 <= lo <= hi <= 100, got {v}")
+        return v
+
+
 class SynthesizeParams(_Strict):
     workers: int = Field(2, ge=1, le=64)
     max_expert_steps: int = Field(60, ge=1, le=10_000, description="tasks whose expert solution is longer are rejected")
     task_types: dict[str, TaskType]
     splits: dict[Literal["sft", "rl", "test", "ood"], Split]
+    recovery: RecoveryParams = RecoveryParams()
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -262,9 +280,36 @@ class AgentParams(_Strict):
     native_tools: bool = Field(False, description="tool families: replies as the template's native tool calls")
 
 
+class OwnWinsParams(_Strict):
+    """Rejection sampling for later rounds: a policy plays the sft tasks and its won episodes join SFT's data."""
+
+    policy: str | None = Field(None, description="a saved policy directory (e.g. models/rl/main); null: off")
+    samples_per_task: int = Field(2, ge=1, le=64)
+    temperature: float = Field(1.0, ge=0, le=10)
+
+
+class SFTDataParams(_Strict):
+    """SFT's training episodes per variant of the synthesized expert table. Each number is how many
+    times, on average, every episode of that variant is trained on per epoch: its integer part copies
+    every episode, its fraction takes a seeded subset of that share (0: none, 0.5: half of them, 1: all,
+    2: all twice). {clean: 1, recovery: 0, alternative: 0} is clean-only SFT."""
+
+    clean: float = Field(1.0, ge=0, le=100)
+    recovery: float = Field(0.25, ge=0, le=100)
+    alternative: float = Field(0.0, ge=0, le=100)
+    own_wins: OwnWinsParams = OwnWinsParams()
+
+    @model_validator(mode="after")
+    def _some(self):
+        if not (self.clean or self.recovery or self.alternative):
+            raise ValueError("clean, recovery and alternative are all 0: no training episodes")
+        return self
+
+
 class SFTParams(_Strict):
     model: ModelParams = ModelParams()
     agent: AgentParams = AgentParams()
+    data: SFTDataParams = SFTDataParams()
     epochs: int = Field(8, ge=1, le=10_000)
     batch_size: int = Field(32, ge=1, le=65536, description="episodes per optimizer step")
     lr: float = Field(2e-3, gt=0, lt=1)
@@ -275,6 +320,84 @@ class SFTParams(_Strict):
 
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "ppo")
+
+
+# --------------------------------------------------------------------------- rewards (agentkiln.rewards)
+Weight = Annotated[float, Field(ge=0, le=100, description="the component's weight in the turn reward (0: off)")]
+
+
+class RewardComponent(_Strict):
+    """A reward component: per-turn values (agentkiln.rewards.components) times `weight`."""
+    weight: Weight = 0.0
+
+
+class OutcomeReward(RewardComponent):
+    weight: Weight = 1.0
+
+
+class LengthReward(RewardComponent):
+    buffer: int = Field(4, ge=1, le=65536, description="DAPO's soft zone: the last `buffer` tokens of the reply budget")
+
+
+class PotentialReward(RewardComponent):
+    scale: float = Field(10.0, gt=0, le=1e6, description="Phi(s) = -(expert's steps to go from s) / scale")
+    unreachable: int = Field(50, ge=1, le=BIG, description="steps to go counted for a state the expert cannot win from")
+
+
+class AdaptiveReward(RewardComponent):
+    base: Literal["potential", "format", "invalid", "truncation", "length", "process", "judge"] = Field(
+        "potential", description="the component scaled per task type by 1 - that type's success")
+    decay: float = Field(0.8, ge=0, lt=1, description="EMA of each type's success: weight of the old estimate")
+
+
+class ProcessReward(RewardComponent):
+    features: int = Field(4096, ge=16, le=2**22, description="hashed n-gram buckets of (observation, reply)")
+    ngram: int = Field(2, ge=1, le=4, description="word n-grams up to this length")
+    lr: float = Field(0.05, gt=0, lt=10)
+    epochs: int = Field(20, ge=1, le=10_000, description="full-batch Bradley-Terry steps per iteration")
+    max_pairs: int = Field(256, ge=1, le=BIG, description="(won, lost) pairs per iteration, sampled")
+
+
+class JudgeReward(RewardComponent):
+    model: str | None = Field(None, description="a policy / causal LM directory that scores episodes; null: off")
+    rubric: str = Field("Did the agent achieve the goal? Answer yes or no.", min_length=1)
+    yes_token: str = Field(" yes", min_length=1, description="the verdict counted as success (its first token)")
+    no_token: str = Field(" no", min_length=1, description="the verdict counted as failure (its first token)")
+
+
+class RewardParams(_Strict):
+    """A stage's reward: each component's per-turn values (clipped to [-1, 1] except `outcome`) times
+    its weight; an episode's shaping (everything but outcome) is scaled down to at most `bound` in size."""
+
+    bound: float = Field(0.5, ge=0, le=100, description="|an episode's total shaping| at most (loops cannot farm it)")
+    outcome: OutcomeReward = OutcomeReward()
+    format: RewardComponent = RewardComponent()
+    invalid: RewardComponent = RewardComponent()
+    truncation: RewardComponent = RewardComponent()
+    length: LengthReward = LengthReward()
+    potential: PotentialReward = PotentialReward()
+    adaptive: AdaptiveReward = AdaptiveReward()
+    process: ProcessReward = ProcessReward()
+    judge: JudgeReward = JudgeReward()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.judge.weight > 0 and self.judge.model is None:
+            raise ValueError("reward.judge.weight > 0 needs reward.judge.model (a model directory to judge with)")
+        return self
+
+    def components(self) -> dict[str, RewardComponent]:
+        """name -> settings, in the order of the fields."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name != "bound"}
+
+
+def merge_stage(base: dict, override: dict) -> dict:
+    """An RL stage's settings: `override` replaces `base` key by key, except `reward`, merged per
+    component and knob (a stage naming one component keeps the others)."""
+    out = base | override
+    if isinstance(override.get("reward"), dict) and isinstance(base.get("reward"), dict):
+        out["reward"] = deep_merge(base["reward"], override["reward"])
+    return out
 
 
 class RLParams(_Strict):
@@ -292,11 +415,18 @@ class RLParams(_Strict):
     max_reply_tokens: int | None = Field(None, ge=1, le=65536, description=REPLY)
     rollout_batch: int = Field(64, ge=1, le=65536, description="episodes played in lockstep (one KV cache)")
     _decoding = field_validator("decoding")(_check_decoding)
+    # curriculum and balance (trainers.sampler)
+    sampling: Literal["uniform", "balanced", "learnability"] = Field(
+        "uniform", description="which tasks an iteration plays: uniform over the pool | balanced: shares of "
+        "task types by `mix` | learnability: shares by p(1-p) of each type's recent success (prioritized level replay)")
+    mix: dict[str, float] = Field({}, description="task type -> weight in each iteration (balanced, learnability); "
+                                  "{}: every type of the pool, equal weights")
+    min_share: float = Field(0.1, ge=0, le=1, description="learnability: the least share of a type")
+    success_ema: float = Field(0.5, ge=0, lt=1, description="learnability: weight of the old estimate per iteration")
     # rollout tricks
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
     max_sample_rounds: int = Field(3, ge=1, le=100, description="rollout rounds per iteration to fill the batch")
-    invalid_penalty: float = Field(0.0, ge=-100, le=0, description="added to the reward of a turn with an invalid action")
-    truncation_penalty: float = Field(0.0, ge=-100, le=0, description="added to an episode that ran out of turns")
+    reward: RewardParams = Field(RewardParams(), description="the turn reward's components (agentkiln.rewards)")
     # credit assignment
     gamma: float = Field(0.95, gt=0, le=1, description="GiGPO step-return / GAE discount")
     gae_lambda: float = Field(0.95, ge=0, le=1)
@@ -335,6 +465,8 @@ class RLParams(_Strict):
     def _consistent(self):
         if self.policy_loss == "gspo" and self.loss_agg != "token-mean":
             raise ValueError("policy_loss gspo has its own sequence-level aggregation: leave loss_agg at token-mean")
+        if any(not (0 <= w < float("inf")) for w in self.mix.values()) or (self.mix and not any(self.mix.values())):
+            raise ValueError(f"mix = {self.mix}: weights are finite, >= 0 and not all 0")
         return self
 
 
@@ -360,7 +492,7 @@ class RLSection(_Strict):
             if override["init"] not in allowed:
                 raise ValueError(f"stages.{name}.init = {override['init']!r}: must be one of {', '.join(allowed)}")
             try:
-                RLParams.model_validate(self.defaults.model_dump() | override)
+                RLParams.model_validate(merge_stage(self.defaults.model_dump(), override))
             except ValidationError as e:
                 err = e.errors()[0]
                 loc = ".".join(str(p) for p in err["loc"])
@@ -373,7 +505,7 @@ class RLSection(_Strict):
         if name not in self.stages:
             raise ParamsError(f"params.yaml: no RL stage {name!r} in rl.stages (stages: {', '.join(self.stages)}); "
                               "pick one of those or add it under rl.stages")
-        return RLParams.model_validate(self.defaults.model_dump() | self.stages[name])
+        return RLParams.model_validate(merge_stage(self.defaults.model_dump(), self.stages[name]))
 
     @property
     def final(self) -> str:
@@ -515,6 +647,78 @@ class AblationParams(_Strict):
         return self
 
 
+class ArmSpec(_Strict):
+    """One arm of the findings (`findings.arms.<name>`): where its policy starts, and its RL stages.
+
+    `init`: sft (the pipeline's models/sft), scratch (models/sft's architecture and tokenizer with freshly
+    drawn weights: RL from scratch) or sft_arm (an SFT the arm trains itself per seed from data/tasks, with
+    `sft` merged into params.sft). `stages`: RL stage overrides of rl.defaults + findings.base, run in
+    order from one policy ([] = no RL), merged as rl.stages are (`merge_stage`); `sft` is merged key by
+    key, nested mappings too. Both are validated at load against the rl / sft schemas
+    (`Params.findings_stages`, `Params.findings_sft`)."""
+
+    init: Literal["sft", "scratch", "sft_arm"] = "sft"
+    sft: dict = Field({}, description="init sft_arm: overrides of the sft section (e.g. {data: {recovery: 0.0}})")
+    stages: list[dict] = Field([], description="RL stage overrides, in order; [] = no RL")
+
+
+class ClaimSpec(_Strict):
+    """A claim of a paper agentkiln implements: treatment arm `b` beats baseline arm `a` at the same
+    rollout budget, on the first of findings.panels."""
+
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    claim: str = Field(min_length=1)
+    paper: str = Field(min_length=1, description="short citation, e.g. Feng et al. 2025 (GiGPO)")
+    a: str = Field(description="the baseline arm")
+    b: str = Field(description="the treatment arm")
+    expect: Literal["b > a"] = "b > a"
+
+
+class FindingsParams(_Strict):
+    """`python -m flows.findings` (docs/rl.md "Findings"): every arm x seed that a claim names runs once
+    (arms shared by claims too), plays every panel greedily, and each claim is the paired difference b - a
+    over (seed, task) cells of the first panel."""
+
+    seeds: list[Seed] = Field([0, 1, 2], min_length=1)
+    workers: int = Field(1, ge=1, le=64, description="arm x seed runs in parallel (one torch thread each)")
+    panels: list[Literal["test", "ood"]] = Field(["test"], min_length=1, description="the first measures "
+                                                 "the claims; the others are reported too")
+    base: dict = Field({"iterations": 1000, "episode_budget": 256}, description="RL overrides every arm "
+                       "shares (over rl.defaults), the budget included")
+    arms: dict[str, ArmSpec] = {}
+    claims: list[ClaimSpec] = []
+
+    @model_validator(mode="after")
+    def _claims(self):
+        # messages start with the dotted field (_format_errors then shows them as they are)
+        ids = [c.id for c in self.claims]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"findings.claims: ids must be unique, repeated: {', '.join(dup)}")
+        if len(set(self.panels)) != len(self.panels):
+            raise ValueError(f"findings.panels: {self.panels} names a panel twice")
+        for name, arm in self.arms.items():
+            if arm.sft and arm.init != "sft_arm":
+                raise ValueError(f"findings.arms.{name}.sft: overrides apply to init: sft_arm only (the arm trains "
+                                 f"its own SFT); init is {arm.init!r}")
+        for c in self.claims:
+            for side in ("a", "b"):
+                if getattr(c, side) not in self.arms:
+                    raise ValueError(f"findings.claims.{c.id}.{side} = {getattr(c, side)!r}: no such arm (arms: "
+                                     f"{', '.join(self.arms) or 'none'})")
+            if c.a == c.b:
+                raise ValueError(f"findings.claims.{c.id}: a and b are the same arm {c.a!r}")
+        return self
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """`base` with `override` applied key by key; nested mappings merge instead of being replaced."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 class Params(_Strict):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     torch_threads: int = Field(2, ge=1, le=1024, description="fixed so CPU results are bit-identical")
@@ -526,6 +730,7 @@ class Params(_Strict):
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()
     ablation: AblationParams = AblationParams()
+    findings: FindingsParams = FindingsParams()
 
     @model_validator(mode="after")
     def _ablation_arms(self):
@@ -545,8 +750,56 @@ class Params(_Strict):
         return self
 
     def ablation_stages(self, arm: str) -> list[RLParams]:
-        base = self.rl.defaults.model_dump() | self.ablation.base
-        return [RLParams.model_validate(base | stage) for stage in self.ablation.arms[arm]]
+        base = merge_stage(self.rl.defaults.model_dump(), self.ablation.base)
+        return [RLParams.model_validate(merge_stage(base, stage)) for stage in self.ablation.arms[arm]]
+
+    @model_validator(mode="after")
+    def _findings_arms(self):
+        """Every arm's stages and SFT are valid settings, and the arms a claim compares spend the same
+        RL rollout budget."""
+        for arm, spec in self.findings.arms.items():
+            try:
+                self.findings_stages(arm)
+                if spec.init == "sft_arm":
+                    self.findings_sft(arm)
+            except ParamsError as e:
+                raise ValueError(str(e)) from None
+        budgets = {arm: self.findings_budget(arm) for arm in self.findings.arms}
+        for c in self.findings.claims:
+            if budgets[c.a] != budgets[c.b]:
+                raise ValueError(f"findings.claims.{c.id}: arms {c.a} ({budgets[c.a]} episodes) and {c.b} "
+                                 f"({budgets[c.b]} episodes) spend different rollout budgets; give both the "
+                                 "same total episode_budget")
+        return self
+
+    def findings_budget(self, arm: str) -> int:
+        """An arm's RL rollout budget: the sum of its stages' episode_budget (0 without RL)."""
+        total = 0
+        for k, p in enumerate(self.findings_stages(arm)):
+            if p.episode_budget is None:
+                raise ValueError(f"findings.arms.{arm}.stages.{k}.episode_budget is null (rl.defaults, findings.base "
+                                 "and the stage give none): claims compare arms at the same rollout budget")
+            total += p.episode_budget
+        return total
+
+    def findings_stages(self, arm: str) -> list[RLParams]:
+        """An arm's RL stages (rl.defaults + findings.base + the stage, merged as rl.stages are), validated;
+        ParamsError naming the arm, the stage and the field otherwise."""
+        base = merge_stage(self.rl.defaults.model_dump(), self.findings.base)
+        out = []
+        for k, stage in enumerate(self.findings.arms[arm].stages):
+            try:
+                out.append(RLParams.model_validate(merge_stage(base, stage)))
+            except ValidationError as e:
+                raise ParamsError(_arm_error(f"findings.arms.{arm}.stages.{k}", e)) from None
+        return out
+
+    def findings_sft(self, arm: str) -> SFTParams:
+        """The sft section an `init: sft_arm` arm trains with (params.sft + the arm's `sft`), validated."""
+        try:
+            return SFTParams.model_validate(deep_merge(self.sft.model_dump(), self.findings.arms[arm].sft))
+        except ValidationError as e:
+            raise ParamsError(_arm_error(f"findings.arms.{arm}.sft", e)) from None
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -559,6 +812,17 @@ class Params(_Strict):
 
 
 _PROBLEMS_SEP = "\n"  # one line per contradiction (_format_errors lists each as a parameter error)
+
+
+def _arm_error(where: str, err: ValidationError) -> str:
+    """A findings arm's override refused by its section's schema, one line per problem."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        what = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        value = "" if isinstance(e.get("input"), (dict, list)) or e["type"] == "extra_forbidden" else f" = {e.get('input')!r}"
+        lines.append(f"{where}.{loc}{value}: {what}" if loc else f"{where}: {what}")
+    return "; ".join(lines)
 
 
 def contradictions(p: Params) -> list[str]:
@@ -578,6 +842,8 @@ def contradictions(p: Params) -> list[str]:
                    "(synthesize.splits has no ood); add an ood split or remove the guard")
     if p.ablation.panel == "ood" and not ood:
         out.append("ablation.panel = 'ood': synthesize.splits has no ood split; use panel: test or add an ood split")
+    if "ood" in p.findings.panels and not ood:
+        out.append("findings.panels includes 'ood': synthesize.splits has no ood split; drop it or add an ood split")
     inits = ["sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
     if p.ablation.init not in inits:
         out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "

@@ -2,7 +2,8 @@
 
 pandera (agentkiln.schemas) guards each table's shape at every read; this checkpoint states what
 the synthesized *data set* must satisfy as a whole (unique seeds and fingerprints, every split's
-size, expert trajectories only of sft/rl tasks that exist, bounded solution lengths) and renders a
+size, expert trajectories only of sft/rl tasks that exist, bounded episode lengths, known episode
+variants; recovery episodes' mistake steps are data, not failures) and renders a
 browsable report: open `reports/data_docs/index.html`.
 """
 
@@ -15,6 +16,7 @@ import pandas as pd
 
 from agentkiln.config import SynthesizeParams
 from agentkiln.envs import FAMILIES
+from agentkiln.schemas import VARIANTS
 
 
 def _expectations(gx, params: SynthesizeParams, tasks: pd.DataFrame) -> dict[str, list]:
@@ -36,6 +38,8 @@ def _expectations(gx, params: SynthesizeParams, tasks: pd.DataFrame) -> dict[str
         "expert_trajectories": [
             e.ExpectColumnValuesToBeInSet(column="split", value_set=["sft", "rl"]),  # panels never train
             e.ExpectColumnValuesToBeInSet(column="task_id", value_set=train_ids),
+            e.ExpectColumnValuesToBeInSet(column="variant", value_set=list(VARIANTS)),
+            e.ExpectColumnValuesToBeInSet(column="mistake", value_set=[False, True]),  # data, not a refusal
             e.ExpectColumnValuesToBeBetween(column="step", min_value=0, max_value=params.max_expert_steps - 1),
             e.ExpectColumnValuesToBeBetween(column="reward", min_value=0.0, max_value=1.0),
             e.ExpectColumnValueLengthsToBeBetween(column="action", min_value=1),

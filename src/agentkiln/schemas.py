@@ -13,6 +13,7 @@ from pandera.typing.pandas import Series
 from agentkiln.envs import FAMILIES
 
 
+VARIANTS = ("clean", "recovery", "alternative")  # the expert table's episodes (agentkiln.synthesis.recovery)
 _FREE_FORM = "null"  # the admissible column of a free-form family's step (tool calls): JSON null
 
 
@@ -32,14 +33,18 @@ def _json_dict(x) -> bool:
 
 
 class ExpertTrajectorySchema(pa.DataFrameModel):
-    """One row per expert step of every sft and rl task (`expert_trajectories.parquet`).
-    `observation` is what the agent saw before acting; `admissible` is that state's JSON list of
-    actions, or JSON null for free-form families."""
+    """One row per step of every episode of every sft and rl task (`expert_trajectories.parquet`):
+    the task's `clean` expert walkthrough and the `recovery` / `alternative` episodes synthesis adds
+    (agentkiln.synthesis.recovery), each named by `episode`. `observation` is what the agent saw before
+    acting; `admissible` is that state's JSON list of actions, or JSON null for free-form families.
+    `mistake` flags a recovery episode's injected wrong actions: data, trained as context only."""
 
     task_id: Series[str] = pa.Field(str_length={"min_value": 1})
     split: Series[str] = pa.Field(isin=["sft", "rl"])  # test walkthroughs are never training data
     family: Series[str] = pa.Field(isin=sorted(FAMILIES))
     task_type: Series[str] = pa.Field(str_length={"min_value": 1})
+    episode: Series[str] = pa.Field(str_length={"min_value": 1})
+    variant: Series[str] = pa.Field(isin=list(VARIANTS))
     step: Series[int] = pa.Field(ge=0)
     goal: Series[str]
     observation: Series[str] = pa.Field(str_length={"min_value": 1})
@@ -47,6 +52,7 @@ class ExpertTrajectorySchema(pa.DataFrameModel):
     admissible: Series[str]
     reward: Series[float] = pa.Field(isin=[0.0, 1.0])
     done: Series[bool]
+    mistake: Series[bool]
 
     class Config:
         strict = True  # an extra column means a producer/consumer mismatch: fail loudly
@@ -63,9 +69,23 @@ class ExpertTrajectorySchema(pa.DataFrameModel):
             index=df.index,
         )
 
-    @pa.dataframe_check(error="column step must run 0, 1, 2, ... within each task_id (rows in order)")
+    @pa.dataframe_check(error="column step must run 0, 1, 2, ... within each episode (rows in order)")
     def steps_are_consecutive(cls, df: pd.DataFrame) -> Series[bool]:
-        return df["step"] == df.groupby("task_id").cumcount()
+        return df["step"] == df.groupby("episode").cumcount()
+
+    @pa.dataframe_check(error="column episode must be '<task_id>/<variant>' or '<task_id>/<variant>-<j>'")
+    def episode_names_task_and_variant(cls, df: pd.DataFrame) -> Series[bool]:
+        return pd.Series([e == f"{t}/{v}" or (e.startswith(f"{t}/{v}-") and e.rsplit("-", 1)[1].isdigit())
+                          for e, t, v in zip(df["episode"], df["task_id"], df["variant"])], index=df.index)
+
+    @pa.dataframe_check(error="column mistake may be true only in recovery episodes, on steps that do not end them")
+    def mistakes_only_in_recovery(cls, df: pd.DataFrame) -> Series[bool]:
+        return ~df["mistake"] | ((df["variant"] == "recovery") & ~df["done"] & (df["reward"] == 0.0))
+
+    @pa.dataframe_check(error="every task's episodes must include its clean walkthrough")
+    def every_task_has_a_clean_episode(cls, df: pd.DataFrame) -> Series[bool]:
+        clean = set(df.loc[df["variant"] == "clean", "task_id"])
+        return df["task_id"].isin(clean)
 
 
 class TaskTableSchema(pa.DataFrameModel):

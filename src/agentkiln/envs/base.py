@@ -5,6 +5,7 @@
     obs = env.reset()                       # Observation(text, admissible, anchor); env.goal
     res = env.step("push left")             # StepResult(observation, reward, done, info)
     env.expert_action()                     # the oracle's next action from here, or None when done
+    env.expert_distance()                   # the oracle's steps to a win from here, None if it cannot win
 
 Rules every family keeps (tests/test_env_contract.py checks them on all of them):
 - `reset()` starts the same episode every time: same task + same seed -> same observations.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MAX_TURNS = 50
+EXPERT_LIMIT = 200  # steps the generic expert_distance plays before giving up
 
 
 @dataclass
@@ -114,11 +116,13 @@ class Env:
         self.truncated = False  # the episode ended only because max_turns ran out (gymnasium's truncated)
         self._obs: Observation | None = None
         self._started = False
+        self.actions: list = []  # every action stepped since reset (the generic expert_distance replays them)
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self) -> Observation:
         self.turn, self.done, self.won, self.truncated = 0, False, False, False
         self._started = True
+        self.actions = []
         self._obs = self._reset()
         return self._obs
 
@@ -128,6 +132,7 @@ class Env:
         if self.done:  # stepping a finished episode changes nothing
             return StepResult(self._obs, 0.0, True, {"won": self.won, "invalid": True, "turn": self.turn})
         self.turn += 1
+        self.actions.append(action)
         if not isinstance(action, str):
             res = self.invalid(action, f"an action is a string, got {type(action).__name__}")
         else:
@@ -145,6 +150,32 @@ class Env:
         if self.done or not self._started:
             return None
         return self._expert()
+
+    def expert_distance(self, limit: int = EXPERT_LIMIT) -> int | None:
+        """The expert's steps from the current state to a win (0 once won), or None when it cannot win
+        from here (a lost game, or not within `limit` steps): potential-based shaping's distance.
+        Generic: a fresh environment of the same task replays the actions taken so far, then the expert
+        plays it out (a family overrides this where its state gives the distance directly). Turn limits
+        do not count: the replica has room for the replay and `limit` more steps."""
+        if not self._started:
+            return None
+        if self.won:
+            return 0
+        twin = type(self)(self.task, max_turns=len(self.actions) + limit + 1, tasks_dir=self.tasks_dir)
+        try:
+            twin.reset()
+            for action in self.actions:
+                twin.step(action)
+            for n in range(limit + 1):
+                if twin.won:
+                    return n
+                action = twin.expert_action()
+                if twin.done or action is None:
+                    return None
+                twin.step(action)
+            return None
+        finally:
+            twin.close()
 
     def close(self) -> None:
         pass

@@ -186,6 +186,17 @@ class PythonToolEnv(Env):
             return False, "give exactly one number"
         return abs(nums[0] - float(self.gold)) <= 1e-6 * max(1.0, abs(float(self.gold))), "that is not it"
 
+    def expert_distance(self, limit: int = 0) -> int | None:
+        """The oracle's plan is two calls (print the solution, answer), one once an output showed the
+        gold value; None after a wrong answer."""
+        if not self._started:
+            return None
+        if self.won:
+            return 0
+        if self.done and not self.truncated:
+            return None
+        return 1 if self.checked else 2
+
     def _expert(self) -> str | None:
         d = self.task.data
         if not self.checked:

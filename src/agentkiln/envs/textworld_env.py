@@ -114,6 +114,19 @@ class TextWorldEnv(Env):
         plan = self._state.policy_commands or []
         return plan[0] if plan else None
 
+    def expert_distance(self, limit: int = 0) -> int | None:
+        """TextWorld's remaining walkthrough (policy commands) from here, plus the cookbook the expert
+        reads first; None once the game is lost or when there is no walkthrough."""
+        if not self._started:
+            return None
+        if self.won:
+            return 0
+        plan = self._state.policy_commands
+        if self.lost or not plan:
+            return None
+        cookbook = not self._read_cookbook and "examine cookbook" in self._obs.admissible
+        return len(plan) + cookbook
+
     def close(self) -> None:
         if self._env is not None:
             self._env.close()

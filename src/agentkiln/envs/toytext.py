@@ -214,3 +214,12 @@ class ToyTextEnv(Env):
 
     def _expert(self) -> str | None:
         return self.model.expert(self.s)
+
+    def expert_distance(self, limit: int = 0) -> int | None:
+        """Exact and O(1): the model's BFS distance to success (None from a hole or a finished game)."""
+        if not self._started:
+            return None
+        if self.won:
+            return 0
+        d = self.model.dist[self.s]
+        return None if d >= UNREACHABLE or (self.done and not self.truncated) else d

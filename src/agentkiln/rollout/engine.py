@@ -16,12 +16,16 @@ from tqdm import tqdm
 
 from agentkiln import fanout
 from agentkiln.envs import Env, Observation, StepResult, TaskSpec, make
+from agentkiln.envs.base import tool_call
 from agentkiln.policy.prompt import parse_reply
 from agentkiln.rollout.episode import Episode, Turn
+from agentkiln.rollout.potentials import measure as measure_distances
 
 
 def run_episodes(agent, tasks: list[TaskSpec], tasks_dir: str | Path, max_turns: int | None, group_size: int = 1,
-                 progress: str | None = None) -> list[Episode]:
+                 progress: str | None = None, potentials: bool = False) -> list[Episode]:
+    """G episodes per task, in the order of `tasks`. `potentials`: also measure the expert's distance
+    to a win at every state (`Turn.to_go`, `Episode.end_to_go`: rollout.potentials), for shaping."""
     episodes = [Episode(task.task_id, task.family, g, task.task_type) for g, task in enumerate(tasks)
                 for _ in range(group_size)]
     specs = [task for task in tasks for _ in range(group_size)]
@@ -29,6 +33,8 @@ def run_episodes(agent, tasks: list[TaskSpec], tasks_dir: str | Path, max_turns:
     with tqdm(total=len(episodes), desc=progress, unit="episode", leave=False, disable=True if progress is None else None) as bar:
         for lo in range(0, len(episodes), chunk):
             _play(agent, episodes[lo : lo + chunk], specs[lo : lo + chunk], tasks_dir, max_turns, bar)
+    if potentials:
+        measure_distances(episodes, specs, tasks_dir)
     return episodes
 
 
@@ -73,6 +79,15 @@ def _play(agent, episodes: list[Episode], tasks: list[TaskSpec], tasks_dir, max_
         envs.close()
 
 
+def parsed(action: str, env) -> bool:
+    """Whether a reply's action has the form of one (the `format` reward): a tool family's must be one
+    of its tool calls `name[argument]`; any other family's must be non-empty (its environment judges
+    whether it is admissible)."""
+    if env.free_form:
+        return tool_call(action, tuple(name for name, _, _ in env.tools)) is not None
+    return bool(action.strip())
+
+
 def _lockstep(agent, episodes: list[Episode], envs, bar) -> None:
     for ep, (obs, goal, max_turns) in zip(episodes, envs.first):
         ep.goal, ep.max_turns = goal, max_turns
@@ -91,6 +106,7 @@ def _lockstep(agent, episodes: list[Episode], envs, bar) -> None:
                 cut.append(i)
             else:
                 turn.reply, turn.action = reply, parse_reply(reply)
+                turn.parsed = parsed(turn.action, envs.views[i])
                 actions[i] = turn.action
         results = envs.step(actions, cut)  # every environment of the turn at once (in parallel on Ray)
         still = []

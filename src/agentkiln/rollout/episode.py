@@ -26,6 +26,9 @@ class Turn:
     reward: float = 0.0
     invalid: bool = False
     tool_error: bool = False
+    mistake: bool = False  # a demonstration's injected wrong action: context for SFT, never a target
+    parsed: bool = True  # the reply parsed to an action (a tool family: to one of its tool calls)
+    to_go: int | None = None  # expert's steps to a win from this turn's state, -1: none (potentials=True)
     window: int = 0  # the window this reply was generated in
     start: int = 0  # ids[start:end] are the reply's tokens
     end: int = 0
@@ -48,6 +51,7 @@ class Episode:
     goal: str = ""
     turns: list[Turn] = field(default_factory=list)
     won: bool = False
+    end_to_go: int | None = None  # the same after the last turn (potentials=True)
     cut: bool = False  # ended because its latest observation no longer fit the context window
     ids: list[int] = field(default_factory=list)
     prompt_len: int = 0  # len(c_0)

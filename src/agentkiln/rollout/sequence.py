@@ -67,7 +67,7 @@ def render(policy: Policy, episode: Episode, reply_budget: int, tools: list[dict
                   episode.goal, won=episode.won)
     for turn in episode.turns:
         out.turns.append(Turn(turn.observation, turn.admissible, turn.anchor, reply=turn.reply, action=turn.action,
-                              reward=turn.reward, invalid=turn.invalid))
+                              reward=turn.reward, invalid=turn.invalid, mistake=turn.mistake))
         if add_observation(out, policy, reply_budget, tools) == CUT:
             out.turns.pop()
             out.cut = True

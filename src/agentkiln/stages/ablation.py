@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from agentkiln import fanout, paths
-from agentkiln.config import Params
+from agentkiln.config import Params, RLParams
+from agentkiln.evaluate.ablation_report import write_ablation_reports
 from agentkiln.evaluate.harness import outcomes, play
 from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
 from agentkiln.policy import load_policy
@@ -40,8 +41,14 @@ def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_d
     """Train one arm with one seed: its stages in order, each KL-anchored to the policy it started from.
     Returns (policy, learning curve rows with cumulative episodes)."""
     policy = load_policy(init_dir, compute=params.compute)
+    return policy, train_stages(policy, params.ablation_stages(arm), seed, pool, tasks_dir, log=log)
+
+
+def train_stages(policy, stages: list[RLParams], seed: int, pool, tasks_dir: Path, log=None) -> list[dict]:
+    """RL stages in order on `policy` (in place), each KL-anchored to the policy it started from and
+    seeded `seed * 1000 + k`; learning curve rows with cumulative episodes."""
     curve, offset = [], 0
-    for k, p in enumerate(params.ablation_stages(arm)):
+    for k, p in enumerate(stages):
         ref = copy.deepcopy(policy)
         hist = train_rl(policy, ref, pool, tasks_dir, p, seed=seed * 1000 + k, log=log)
         for h in hist:
@@ -49,7 +56,7 @@ def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_d
                           "success": h["success"], "kl": h.get("kl"), "entropy": h.get("entropy"),
                           "zero_var_groups": h["zero_var_groups"]})
         offset = curve[-1]["episodes"] if curve else offset
-    return policy, curve
+    return curve
 
 
 def _report_job(arm: str, seed: int, result: tuple, panel: str, log_run) -> None:
@@ -97,8 +104,6 @@ def run_ablation(params: Params, tasks_dir: Path, reports_dir: Path, log_run=Non
     """Run every arm x seed (`ablation.workers` at a time, one torch thread each when more than one;
     on Ray: tasks of one CPU and one thread each, as many at a time as the cluster has CPUs);
     write reports/ablation.{json,md,png}. `log_run(arm, seed, metrics, curve)` records each run."""
-    from agentkiln.evaluate.ablation_report import write_ablation_reports
-
     a = params.ablation
     panel = load_split(tasks_dir, a.panel)
     init_dir = paths.model_dir(a.init)

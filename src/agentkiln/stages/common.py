@@ -30,14 +30,16 @@ def seed_everything(seed: int, threads: int) -> None:
 
 
 def expert_episodes(df) -> list[Episode]:
-    """The expert's episodes as text (observation, admissible actions, action per turn), in task order;
-    `rollout.sequence.render` turns them into the token sequences a policy trains on."""
+    """The expert table's episodes as text (observation, admissible actions, action per turn), in
+    episode-key order (a task's clean walkthrough `<task_id>/clean` first among its episodes when only
+    clean rows are given); `rollout.sequence.render` turns them into the token sequences a policy trains
+    on. A recovery episode's injected mistakes keep `Turn.mistake` (SFT: context, no loss)."""
     out = []
-    for g, (task_id, rows) in enumerate(df.sort_values(["task_id", "step"]).groupby("task_id", sort=True)):
+    for g, (_, rows) in enumerate(df.sort_values(["episode", "step"]).groupby("episode", sort=True)):
         first = rows.iloc[0]
-        ep = Episode(task_id, first.family, g, first.task_type, goal=first.goal, won=bool(rows["done"].iloc[-1]))
+        ep = Episode(first.task_id, first.family, g, first.task_type, goal=first.goal, won=bool(rows["done"].iloc[-1]))
         for r in rows.itertuples():
             ep.turns.append(Turn(r.observation, json.loads(r.admissible), "", reply=r.action, action=r.action,
-                                 reward=r.reward))
+                                 reward=r.reward, mistake=bool(r.mistake)))
         out.append(ep)
     return out

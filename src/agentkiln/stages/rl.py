@@ -24,7 +24,7 @@ from agentkiln.policy import load_policy, lora, save_policy
 from agentkiln.rollout.backends import open_rollout
 from agentkiln.stages.common import load_split
 from agentkiln.trainers import checkpoint, distributed
-from agentkiln.trainers.rl import check_ranks, greedy_success, rl_rank, train_rl
+from agentkiln.trainers.rl import POOL_PROBE, check_ranks, greedy_success, rl_rank, train_rl
 
 
 def write_curve(history: list[dict], curve_csv: Path) -> None:
@@ -84,6 +84,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
         "pool_success_before": before,
         "pool_success_after": after,
         "pool_size": len(pool),
+        "pool_probe_tasks": min(POOL_PROBE, len(pool)),  # pool_success_* are measured on these
         "iterations": len(history),
         "episodes": history[-1]["episodes"] if history else 0,
         **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),

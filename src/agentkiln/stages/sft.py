@@ -1,6 +1,10 @@
 """SFT cold start: a policy (scratch: tokenizer trained on the task text + random weights; or a local
 chat model), trained on the expert's whole episodes, loss on the agent's reply tokens only.
 
+Which episodes: `sft.data` (stages.sft_data): the clean walkthroughs, recovery episodes (their injected
+mistakes are context with no loss) and alternative walkthroughs in the given weights, plus optionally
+a saved policy's own won episodes on the sft tasks.
+
 A killed stage resumes after its last finished epoch (models/checkpoints/sft) when run again with the
 same params, seed, thread count, data and starting model; the checkpoint is removed once every output
 is written (the model, then `outputs`: reports and MLflow logging), never before.
@@ -23,6 +27,7 @@ from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import render
 from agentkiln.schemas import load_expert_trajectories
 from agentkiln.stages.common import expert_episodes
+from agentkiln.stages.sft_data import mixture, own_wins, same_ids, used_variants
 from agentkiln.trainers import checkpoint, distributed
 from agentkiln.trainers.supervised import OptimConfig, train_supervised, train_supervised_ranks
 
@@ -56,29 +61,36 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
     outputs (the flow's reports and MLflow logging) before the checkpoint is removed (checkpoint.finish)."""
     df = load_expert_trajectories(Path(tasks_dir) / "expert_trajectories.parquet")
     fmt = AgentFormat(**params.sft.agent.model_dump())
-    demos = expert_episodes(df[df["split"] == "sft"])
+    data = params.sft.data
+    demos, counts = mixture(df[df["split"] == "sft"], data, params.seed)
     model = params.sft.model
     ranks = params.compute.backend == "deepspeed"
     if ranks:
         distributed.plan(params.compute)  # a setting this machine cannot honour stops the run before any work
     compute = distributed.parent_compute(params.compute) if ranks else params.compute
+    if data.own_wins.policy is not None:  # played first: a missing policy stops the stage before any training
+        won, player, played = own_wins(data.own_wins, Path(tasks_dir), compute, params.seed)
+        counts |= {"own_wins": len(won), "own_played": played}
     if model.source == "scratch":
-        # vocabulary from every training-pool text (sft + rl); the test panel stays unseen
-        policy = build_scratch_policy(model, corpus(fmt, expert_episodes(df)), fmt, seed=params.seed,
-                                      compute=compute)
+        # vocabulary from every training-pool text (sft + rl) of the variants in use; the test panel stays unseen
+        pool = expert_episodes(df[df["variant"].isin(used_variants(data))])
+        policy = build_scratch_policy(model, corpus(fmt, pool), fmt, seed=params.seed, compute=compute)
     else:
         policy = load_policy(model.source, fmt, context=model.max_context, probe=corpus(fmt, demos[:8]),
                              compute=compute)
     if params.sft.lora.enabled:
         lora.add_lora(policy, params.sft.lora, seed=params.seed)
     episodes = render_all(policy, demos)
+    if data.own_wins.policy is not None:
+        episodes += won if same_ids(player, policy) else render_all(policy, won)
     key = ""
     if ckpt_dir:
         # the rendezvous port does not change what a run computes: a resumed run may use another one
         compute_key = params.compute.model_dump(exclude={"deepspeed": {"master_port"}} if ranks else None)
         key = checkpoint.fingerprint("sft", params.sft.model_dump(), compute_key, params.seed,
                                      params.torch_threads,
-                                     files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)]))
+                                     files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)])
+                                     + ([Path(data.own_wins.policy)] if data.own_wins.policy else []))
     if ranks:
         job = {"policy": policy, "episodes": episodes, "cfg": optim_config(params.sft), "seed": params.seed,
                "out_dir": Path(out_dir), "ckpt_dir": ckpt_dir and Path(ckpt_dir), "ckpt_key": key}
@@ -97,6 +109,7 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         "n_tokens": sum(len(e.ids) for e in episodes),
         "n_reply_tokens": sum(e.n_tokens for e in episodes),
         "n_tasks": int(df[df["split"] == "sft"]["task_id"].nunique()),
+        **{f"n_episodes_{k}": v for k, v in counts.items()},
         "final_loss": history[-1]["loss"],
         "final_token_acc": history[-1]["token_acc"],
         **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),

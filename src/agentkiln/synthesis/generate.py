@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 from agentkiln.envs import FAMILIES, TaskSpec, make
+from agentkiln.synthesis.recovery import Extras, extra_episodes
 
 GENERATORS: dict[str, str] = {
     "textworld": "agentkiln.synthesis.textworld_games",
@@ -101,17 +102,20 @@ def play_expert(task: TaskSpec, tasks_dir: str | Path | None, max_steps: int) ->
 
 
 def build(family: str, task_id: str, task_type: str, seed: int, knobs: dict, out_dir: str | Path | None,
-          max_expert_steps: int) -> dict:
-    """One candidate task, verified: {"task": TaskSpec | None, "rows": expert rows}. Runs in
+          max_expert_steps: int, extras: Extras = Extras()) -> dict:
+    """One candidate task, verified: {"task": TaskSpec | None, "rows": expert rows, "extra": recovery
+    and alternative episodes (synthesis.recovery), "dropped": extra episodes not kept}. Runs in
     synthesis workers, so it takes and returns only picklable values."""
     task = generator(family).candidate(seed, dict(knobs), Path(out_dir) if out_dir is not None else None)
     if task is None:
-        return {"task": None, "rows": [], "reason": "generator"}
+        return {"task": None, "rows": [], "extra": [], "dropped": 0, "reason": "generator"}
     task = replace(task, task_id=task_id, task_type=task_type, difficulty=dict(knobs))
     won, fingerprint, rows = play_expert(task, out_dir, max_expert_steps)
     if not won:
-        return {"task": None, "rows": [], "reason": "unwinnable"}
-    return {"task": replace(task, expert_steps=len(rows), fingerprint=fingerprint), "rows": rows, "reason": None}
+        return {"task": None, "rows": [], "extra": [], "dropped": 0, "reason": "unwinnable"}
+    extra, dropped = extra_episodes(task, out_dir, max_expert_steps, rows, extras)
+    return {"task": replace(task, expert_steps=len(rows), fingerprint=fingerprint), "rows": rows, "extra": extra,
+            "dropped": dropped, "reason": None}
 
 
 def task_seed(seed: int, n: int, i: int, attempt: int) -> int:

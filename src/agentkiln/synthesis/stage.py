@@ -10,6 +10,12 @@ Everything is decided in task order, whatever order the workers finish in.
 Outputs under `out_dir`: `<split>/manifest.json` (tasks, seeds, difficulty, environment versions),
 `tasks.parquet` (one row per task, pandera-checked), `expert_trajectories.parquet` (sft and rl only:
 the panels' solutions are never training data), `games/` (TextWorld's compiled games), `summary.json`.
+
+`expert_trajectories.parquet` holds one row per step of every episode: each task's `clean` walkthrough
+(episode `<task_id>/clean`), then its `recovery` episodes (`<task_id>/recovery-<j>`, mistake steps
+flagged in `mistake`) and `alternative` walkthroughs (`<task_id>/alternative-<j>`) that
+`synthesize.recovery` asks for (agentkiln.synthesis.recovery; attempts the expert could not win are
+dropped, counted in the summary's `extra_dropped`).
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from agentkiln.config import SPLITS, SynthesizeParams
+from agentkiln.config import SPLITS, TRAIN_SPLITS, SynthesizeParams
 from agentkiln.evaluate.panels import seal
 from agentkiln.schemas import validate_expert_trajectories, validate_task_table
 from agentkiln.synthesis.generate import MAX_RETRIES, SEED_STRIDE, build, env_version, task_seed
+from agentkiln.synthesis.recovery import Extras
 
 
 WORKER_HASH_SEED = "0"  # see synthesize(): same params -> same bytes, whatever the caller's hash seed
@@ -87,6 +94,8 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
     summary: dict = {"env_versions": versions, "splits": {}}
     types = {split: allot(params.splits[split].mix, params.splits[split].n_tasks, params.splits[split].seed)
              for split in splits}
+    rec = params.recovery
+    extras = Extras(rec.episodes_per_task, tuple(rec.mistakes), rec.alternatives)
 
     def submit(split: str, i: int, attempt: int):
         ttype = types[split][i]
@@ -98,7 +107,7 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
         sp = params.splits[split]
         return pool.submit(_timed_build, params.task_types[ttype].family, f"{split}-{i:04d}-{ttype}", ttype,
                            task_seed(sp.seed, sp.n_tasks, i, attempt), knobs[ttype], str(out_dir),
-                           params.max_expert_steps)
+                           params.max_expert_steps, extras if split in TRAIN_SPLITS else Extras())
 
     # imported here: loading params imports this package (the generators' checks), and only that
     from agentkiln import fanout
@@ -146,15 +155,17 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
             (out_dir / split).mkdir()
             (out_dir / split / "manifest.json").write_text(json.dumps(seal(manifest), indent=2, sort_keys=True) + "\n")
             task_rows += [_task_row(split, t, versions[t["family"]]) for t in tasks]
-            if split in ("sft", "rl"):  # the panels' solutions are never training data
+            episodes = {}
+            if split in TRAIN_SPLITS:  # the panels' solutions are never training data
                 for r in results:
-                    t = r["task"]
-                    expert_rows += [{"task_id": t.task_id, "split": split, "family": t.family, "task_type": t.task_type,
-                                     "step": k, **row} for k, row in enumerate(r["rows"])]
+                    expert_rows += _episode_rows(split, r)
+                    for e in [{"variant": "clean"}] + r["extra"]:
+                        episodes[e["variant"]] = episodes.get(e["variant"], 0) + 1
             summary["splits"][split] = {
                 "n_tasks": len(tasks),
                 "by_type": {k: types[split].count(k) for k in sorted(set(types[split]))},
                 "mean_expert_steps": round(sum(t["expert_steps"] for t in tasks) / len(tasks), 2),
+                **({"episodes": episodes, "extra_dropped": sum(r["dropped"] for r in results)} if episodes else {}),
             }
     finally:  # on an error, stop now rather than after every queued task is built
         pool.shutdown(cancel_futures=True)
@@ -184,6 +195,17 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
 def _timed_build(*args) -> dict:
     start = time.perf_counter()
     return build(*args) | {"seconds": time.perf_counter() - start}
+
+
+def _episode_rows(split: str, result: dict) -> list[dict]:
+    """Rows of one admitted task's episodes: the clean walkthrough, then the extra ones in order."""
+    t, out = result["task"], []
+    for e in [{"variant": "clean", "index": None, "rows": result["rows"]}] + result["extra"]:
+        key = f"{t.task_id}/{e['variant']}" + ("" if e["index"] is None else f"-{e['index']}")
+        for k, row in enumerate(e["rows"]):
+            out.append({"task_id": t.task_id, "split": split, "family": t.family, "task_type": t.task_type,
+                        "episode": key, "variant": e["variant"], "step": k, **row, "mistake": row.get("mistake", False)})
+    return out
 
 
 def _task_row(split: str, t: dict, version: str) -> dict:

@@ -2,9 +2,9 @@
 
     turn rewards (shaped) --per algorithm--> advantage per turn or per token --> batch.advantages [R, T]
 
-Shaping: a turn's reward plus `invalid_penalty` on an invalid action and `truncation_penalty` on the
-last turn of an episode that ran out of turns; with `kl_in_reward`, every reply token also gets
--kl_coef * its KL estimate to the reference (a turn's reward then includes its tokens' penalties).
+Turn rewards: the stage's reward components (agentkiln.rewards: the verifier's outcome, penalties,
+shaping, a learned process reward, a judge; `p.reward`); with `kl_in_reward`, every reply token also
+gets -kl_coef * its KL estimate to the reference (a turn's reward then includes its tokens' penalties).
 
 - grpo / dr_grpo / rloo: one advantage per episode (its summed reward against its group), on every
   reply token of the episode;
@@ -26,29 +26,27 @@ from __future__ import annotations
 
 import torch
 
+from agentkiln import rewards as R
 from agentkiln.algos import advantages as A
 from agentkiln.config import ALGORITHMS, RLParams
+from agentkiln.rewards import RewardState
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers.batch import Batch
 
 EPISODE_LEVEL = ("grpo", "dr_grpo", "rloo")
 
 
-def shaped_turn_rewards(episodes: list[Episode], p: RLParams) -> list[list[float]]:
-    """Each turn's reward with the invalid-action and truncation penalties."""
-    out = []
-    for ep in episodes:
-        rs = [t.reward + (p.invalid_penalty if t.invalid else 0.0) for t in ep.turns]
-        if rs and ep.truncated:
-            rs[-1] += p.truncation_penalty
-        out.append(rs)
-    return out
+def shaped_turn_rewards(episodes: list[Episode], p: RLParams, rewards: RewardState | None = None
+                        ) -> list[list[float]]:
+    """Each turn's reward: the stage's reward components (`rewards`: the trainer's reward state; None:
+    a fresh one, enough for every component but a trained process model or a judge)."""
+    return R.turn_rewards(episodes, p.reward, rewards or RewardState(p))[0]
 
 
-def turn_rewards(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def turn_rewards(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: torch.Tensor | None = None,
+                 rewards: RewardState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per turn index of the batch: episode, shaped reward (KL penalties of its tokens folded in)."""
-    shaped = shaped_turn_rewards(episodes, p)
+    shaped = shaped_turn_rewards(episodes, p, rewards)
     ep_of = torch.tensor([e for e, _ in batch.turns], dtype=torch.long)
     reward = torch.tensor([shaped[e][k] for e, k in batch.turns])
     if token_kl is not None:
@@ -57,11 +55,14 @@ def turn_rewards(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: t
 
 
 def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: torch.Tensor | None = None,
-               values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               values: torch.Tensor | None = None, rewards: RewardState | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantage of every reply token [R, T], critic targets per turn index [M] or None).
-    `token_kl`: flat [N] KL estimates (kl_in_reward); `values`: critic value per turn index [M] (ppo).
+    `token_kl`: flat [N] KL estimates (kl_in_reward); `values`: critic value per turn index [M] (ppo);
+    `rewards`: the trainer's reward state (shaped_turn_rewards).
     Every turn of every episode must be in the batch (turn indices cover episodes in order)."""
-    ep_of, turn_r = turn_rewards(batch, episodes, p, token_kl)
+    rewards = rewards or RewardState(p)
+    ep_of, turn_r = turn_rewards(batch, episodes, p, token_kl, rewards)
     n_eps = len(episodes)
     ep_r = torch.zeros(n_eps).index_add(0, ep_of, turn_r)
     groups = torch.tensor([ep.group for ep in episodes])
@@ -79,7 +80,7 @@ def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: tor
         tok_r = torch.zeros(len(tok_turn))
         last = torch.ones(len(tok_turn), dtype=torch.bool)
         last[:-1] = tok_turn[1:] != tok_turn[:-1]  # a turn's last reply token carries its reward
-        tok_r[last] = turn_rewards(batch, episodes, p)[1][tok_turn[last]]  # without KL: it goes on every token
+        tok_r[last] = turn_rewards(batch, episodes, p, rewards=rewards)[1][tok_turn[last]]  # KL goes on every token
         if token_kl is not None:
             tok_r = tok_r - p.kl_coef * token_kl
         r, m = _by_episode(tok_r, ep_of[tok_turn], n_eps)

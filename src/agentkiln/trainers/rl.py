@@ -38,32 +38,37 @@ from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora
 from agentkiln.policy.model import Policy
+from agentkiln.rewards import RewardState, needs_potentials, observe_iteration
 from agentkiln.rollout.backends import HFRollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
+from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
-            budget_left: int | None = None, rollout=None) -> tuple[list[Episode], list[Episode], dict]:
+            budget_left: int | None = None, rollout=None, sampler: TaskSampler | None = None,
+            rewards: RewardState | None = None) -> tuple[list[Episode], list[Episode], dict]:
     """(episodes to train on: `tasks_per_iter` groups, with dynamic sampling only groups whose shaped
     rewards vary; every episode played, for the metrics; stats). Dynamic sampling stops playing
     more rounds once `budget_left` episodes were played. `rollout`: the backend (default: the
-    in-process engine on `policy`)."""
+    in-process engine on `policy`); `sampler`: deals the tasks (default: uniform over `pool`)."""
     rollout = rollout or HFRollout(policy)
+    sampler = sampler or TaskSampler(pool)
     kept: list[Episode] = []
     everything: list[Episode] = []
     groups_seen = groups_flat = played = 0
     rounds = p.max_sample_rounds if p.dynamic_sampling else 1
     for r in range(rounds):
-        tasks = rng.sample(pool, min(p.tasks_per_iter, len(pool)))
+        tasks = sampler.sample(p.tasks_per_iter, rng)
         agent = rollout.agent(p.temperature, False, seed + r, p.rollout_batch, p.decoding, p.max_reply_tokens)
-        episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size)
+        episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
+                                potentials=needs_potentials(p.reward))
         played += len(episodes)
         everything += episodes
-        scores = [sum(rs) for rs in shaped_turn_rewards(episodes, p)]
+        scores = [sum(rs) for rs in shaped_turn_rewards(episodes, p, rewards)]
         by_group: dict[int, list[int]] = defaultdict(list)
         for i, ep in enumerate(episodes):
             by_group[ep.group].append(i)
@@ -120,7 +125,8 @@ def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | 
 
 
 def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes: list[Episode], p: RLParams,
-            recompute: bool = False) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None, dict]:
+            recompute: bool = False, rewards: RewardState | None = None
+            ) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None, dict]:
     """The iteration's batch with its advantage (and reference log-prob) columns; the critic's values
     and targets per turn (PPO); mismatch stats. Rows whose tokens all have zero advantage carry no
     signal and are dropped (not with a critic: it still learns from them). `recompute`: the replies
@@ -145,7 +151,7 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
             values = critic.values(batch, micro)
     else:
         values = None
-    batch.advantages, returns = advantages(batch, episodes, p, token_kl, values)
+    batch.advantages, returns = advantages(batch, episodes, p, token_kl, values, rewards)
     if tis is not None and p.tis_cap is not None:
         batch.advantages[batch.loss_mask] = batch.flat(batch.advantages) * tis
     if critic is None:
@@ -256,7 +262,25 @@ def episode_metrics(episodes: list[Episode], batch: Batch | None) -> dict:
     return row
 
 
+def make_sampler(pool: list[TaskSpec], p: RLParams) -> TaskSampler:
+    return TaskSampler(pool, p.sampling, p.mix, p.min_share, p.success_ema)
+
+
+def observe(sampler: TaskSampler, episodes: list[Episode]) -> None:
+    """Tell the sampler how each task type fared this iteration (every episode played)."""
+    won: dict[str, list[bool]] = defaultdict(list)
+    for ep in episodes:
+        won[ep.task_type or ep.family].append(ep.won)
+    sampler.observe(won)
+
+
+POOL_PROBE = 64  # tasks of the pool whose greedy success a stage reports before and after training
+
+
 def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, desc: str) -> float:
+    """Greedy success on the first POOL_PROBE tasks of `tasks` (a split's order is its seeded shuffle of
+    task types): the health check of a stage, not a score (the panels are that)."""
+    tasks = tasks[:POOL_PROBE]
     agent = HFRollout(policy).agent(1.0, True, 0, p.rollout_batch, p.decoding, p.max_reply_tokens)
     eps = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=desc)
     return sum(e.won for e in eps) / len(eps)
@@ -289,12 +313,16 @@ def train_rl(
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=0.0)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
+    sampler = make_sampler(pool, p)
+    rewards = RewardState(p, seed)  # adaptive success, process model, judge: updated every iteration
     history: list[dict] = []
     start = played = 0
     state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None
     if state is not None:
         policy.model.load_state_dict(state["policy"])
         opt.load_state_dict(state["opt"])
+        sampler.load_state_dict(state["sampler"])
+        rewards.load_state_dict(state["rewards"])
         if critic is not None:
             critic.load_state_dict(state["critic"])
             critic_opt.load_state_dict(state["critic_opt"])
@@ -311,13 +339,17 @@ def train_rl(
             break
         rollout.sync(policy)
         episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
-                                             None if p.episode_budget is None else p.episode_budget - played, rollout)
+                                             None if p.episode_budget is None else p.episode_budget - played, rollout,
+                                             sampler, rewards)
+        observe(sampler, everything)
+        reward_row = observe_iteration(rewards, everything, p.reward)
         played += info["episodes_played"]
         batch = values = returns = None
         mismatch: dict = {}
         if episodes:
-            batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute)
-        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch}
+            batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
+        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
+               **reward_row}
         if batch is not None and batch.rows:
             row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
         history.append(row)
@@ -327,7 +359,8 @@ def train_rl(
             checkpoint.save(ckpt_dir, ckpt_key, {
                 "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
                 "history": history, "critic": critic.state_dict() if critic else None,
-                "critic_opt": critic_opt.state_dict() if critic_opt else None}, rng, gen)
+                "critic_opt": critic_opt.state_dict() if critic_opt else None, "sampler": sampler.state_dict(),
+                "rewards": rewards.state_dict()}, rng, gen)
     return history
 
 
@@ -393,9 +426,13 @@ def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec
         ref.model.eval().requires_grad_(False)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
+    sampler = make_sampler(pool, p)
+    rewards = RewardState(p, seed)  # adaptive success, process model, judge: updated every iteration
     state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None  # every rank reads it
     if state is not None:
         policy.model.load_state_dict(state["policy"])
+        sampler.load_state_dict(state["sampler"])
+        rewards.load_state_dict(state["rewards"])
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
     engine = distributed.engine(rank, policy.model, opt, p.max_grad_norm)
     engine.eval()
@@ -417,13 +454,15 @@ def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec
             rollout.sync(policy)
             episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
                                                  None if p.episode_budget is None else p.episode_budget - played,
-                                                 rollout)
+                                                 rollout, sampler, rewards)
+            observe(sampler, everything)
+            reward_row = observe_iteration(rewards, everything, p.reward)
             batch = None
             mismatch: dict = {}
             if episodes:
-                batch, _, _, mismatch = prepare(policy, ref, None, episodes, p, rollout.recompute)
+                batch, _, _, mismatch = prepare(policy, ref, None, episodes, p, rollout.recompute, rewards)
             row = {"iteration": it + 1, "episodes": played + info["episodes_played"], **info,
-                   **episode_metrics(everything, batch), **mismatch}
+                   **episode_metrics(everything, batch), **mismatch, **reward_row}
             msg = [(batch, row)]
         torch.distributed.broadcast_object_list(msg, src=0)
         batch, row = msg[0]
@@ -437,8 +476,8 @@ def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec
             weights = distributed.full_state_dict(rank, engine, policy.model)
             if rank.main:
                 checkpoint.save(ckpt_dir, ckpt_key, {
-                    "policy": weights, "opt": shards, "iteration": it + 1, "played": played, "history": history},
-                    rng, gen)
+                    "policy": weights, "opt": shards, "iteration": it + 1, "played": played, "history": history,
+                    "sampler": sampler.state_dict(), "rewards": rewards.state_dict()}, rng, gen)
     engine.eval()
     return history, distributed.full_state_dict(rank, engine, policy.model)
 

@@ -1,8 +1,8 @@
 """Supervised training on whole episodes: the SFT cold start and trajectory distillation.
 
 One row per episode window (trainers.batch): the loss is the mean negative log-likelihood of the
-reply tokens (each action and its end-of-turn token); system, goal and observation tokens are
-context, never targets. Minibatches group episodes of similar length (less padding), in a seeded order.
+reply tokens (each action and its end-of-turn token); system, goal and observation tokens, and the
+replies of turns flagged `mistake` (recovery demonstrations), are context, never targets. Minibatches group episodes of similar length (less padding), in a seeded order.
 
 With a checkpoint directory, every epoch ends with a resumable checkpoint (weights, optimizer and
 schedule, the minibatch order's generator, the process RNGs, the history): a run killed mid-way and
@@ -62,8 +62,10 @@ def length_grouped(lengths: list[int], batch_size: int, gen: torch.Generator, sp
 
 
 def sft_batch(policy: Policy, episodes: list[Episode]) -> Batch:
-    """The rows to imitate: every reply token, scored over the whole vocabulary."""
-    batch = build_batch(episodes, policy.pad_id)
+    """The rows to imitate: every reply token but those of mistake turns (a recovery episode's injected
+    wrong actions stay in the conversation as context and get no loss: STeP's partial masking), scored
+    over the whole vocabulary."""
+    batch = build_batch(episodes, policy.pad_id, keep_turn=lambda e, k: not episodes[e].turns[k].mistake)
     batch.allowed = batch.allowed[..., :0]  # imitation: the whole vocabulary (no decoding masks)
     return batch
 

@@ -1,0 +1,55 @@
+"""The findings (params.yaml `findings`): each claim of a paper agentkiln implements is a pair of arms
+at the same RL rollout budget over seeds. Every arm x seed the claims name runs once (cached under
+reports/findings/runs/, so an interrupted run resumes and a new claim trains only its new arms), plays
+every panel greedily, and reports/findings/findings.{md,json,png} say, per claim, the paired effect
+b - a with its CI and whether it reproduced.
+
+    dvc repro sft && python -m flows.findings     # needs data/tasks and models/sft
+    python -m flows.findings --publish            # copy the summary to docs/findings.{md,json}
+"""
+
+import sys
+from pathlib import Path
+
+from prefect import flow
+
+from agentkiln import paths, tracking
+from agentkiln.config import Params
+from agentkiln.evaluate.findings_report import publish
+from agentkiln.stages import findings
+from flows._stage import needs, run_flow, stage_context
+
+OUT = paths.REPORTS / "findings"
+DOCS = Path("docs")
+
+
+@flow(name="findings", log_prints=True)
+def findings_flow(params: Params) -> dict:
+    with stage_context("findings", params, params.findings.model_dump()):
+        result = findings.run_findings(params, paths.TASKS, OUT)
+        for c in result["claims"]:
+            tracking.log_metrics({f"{c['id']}/effect": c["diff"], f"{c['id']}/ci_low": c["ci_low"],
+                                  f"{c['id']}/ci_high": c["ci_high"]})
+        for name in ("findings.md", "findings.json", "findings.png"):
+            tracking.log_artifact(OUT / name)
+    print((OUT / "findings.md").read_text())
+    return {c["id"]: c["verdict"] for c in result["claims"]}
+
+
+def check(params: Params) -> None:
+    """The inputs, before anything starts (params.yaml checked every arm at load)."""
+    needs(paths.TASKS / "rl", "synthesize")
+    if any(params.findings.arms[a].init != "sft_arm" for a in findings.arms_in_use(params)):
+        needs(paths.SFT_MODEL, "sft")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--publish"]:  # no training: the last report's summary, copied for committing
+        try:
+            for path in publish(OUT, DOCS):
+                print(f"wrote {path}")
+        except FileNotFoundError as e:
+            print(f"agentkiln: {e}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(0)
+    run_flow(findings_flow, __doc__, check=check)

@@ -1,0 +1,211 @@
+"""The findings: claims validated at load (arms exist, same budget), the summary math against hand-computed
+paired differences, verdicts, the report files (deterministic JSON), resume from cached runs, one tiny
+end-to-end run."""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from agentkiln.config import ParamsError, load_params
+from agentkiln.evaluate.findings_report import compare, publish, verdict
+from agentkiln.evaluate.stats import paired_difference
+from agentkiln.stages import findings
+from agentkiln.stages.common import load_split
+from tests.test_config import ROOT, write
+
+TINY_BASE = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4,
+             "rollout_batch": 8}
+ARMS = {"grpo": {"stages": [{"algorithm": "grpo"}]}, "gigpo": {"stages": [{"algorithm": "gigpo"}]},
+        "clip_sym": {"stages": [{"algorithm": "gigpo", "clip_high": 0.2}]}}
+CLAIMS = [{"id": "gigpo", "claim": "GiGPO beats GRPO", "paper": "Feng et al. 2025", "a": "grpo", "b": "gigpo"},
+          {"id": "clip_higher", "claim": "clip-higher beats a symmetric clip", "paper": "Yu et al. 2025",
+           "a": "clip_sym", "b": "gigpo"}]
+
+
+def tiny_params(tmp_path, arms=ARMS, claims=CLAIMS, seeds=(0, 1)):
+    """params.yaml with a findings section of existing RL keys only, at a tiny budget, panel test."""
+    def mutate(raw):
+        raw["findings"] = {"seeds": list(seeds), "workers": 1, "panels": ["test"], "base": TINY_BASE,
+                           "arms": arms, "claims": claims}
+        raw["evaluate"]["max_turns"] = 4
+    return load_params(write(tmp_path, mutate))
+
+
+# ------------------------------------------------------------------------------------------ config
+def test_repository_claims_compare_arms_at_one_budget():
+    p = load_params(ROOT / "params.yaml")
+    assert len(p.findings.claims) >= 10 and len(p.findings.seeds) >= 3
+    for c in p.findings.claims:
+        assert p.findings_budget(c.a) == p.findings_budget(c.b), c.id
+    assert [s.max_turns for s in p.findings_stages("scaling")] == [6, 12]  # ScalingInter: a growing horizon
+    assert p.findings.arms["scratch"].init == "scratch"
+
+
+def test_claims_name_existing_arms_at_the_same_budget(tmp_path):
+    def claim(**kw):
+        return lambda raw: raw["findings"].update(arms=ARMS, claims=[dict(CLAIMS[0], **kw)])
+
+    with pytest.raises(ParamsError, match=r"findings.claims.gigpo.b = 'gigpoo': no such arm"):
+        load_params(write(tmp_path, claim(b="gigpoo")))
+    big = dict(ARMS, big={"stages": [{"algorithm": "gigpo", "episode_budget": 64}, {"episode_budget": 64}]})
+    with pytest.raises(ParamsError, match=r"findings.claims.gigpo: arms grpo \(256 episodes\) and big \(128 episodes\) "
+                                          "spend different rollout budgets"):
+        load_params(write(tmp_path, lambda raw: raw["findings"].update(arms=big, claims=[dict(CLAIMS[0], b="big")])))
+    bad = dict(ARMS, gigpo={"stages": [{"algorithm": "sarsa"}]})
+    with pytest.raises(ParamsError, match=r"findings.arms.gigpo.stages.0.algorithm = 'sarsa'"):
+        load_params(write(tmp_path, lambda raw: raw["findings"].update(arms=bad, claims=CLAIMS)))
+    typo = dict(ARMS, gigpo={"stages": [{"clip_hihg": 0.3}]})
+    with pytest.raises(ParamsError, match=r"findings.arms.gigpo.stages.0.clip_hihg: unknown key"):
+        load_params(write(tmp_path, lambda raw: raw["findings"].update(arms=typo, claims=CLAIMS)))
+    sft_on_sft = dict(ARMS, gigpo={"sft": {"epochs": 2}, "stages": [{}]})
+    with pytest.raises(ParamsError, match=r"findings.arms.gigpo.sft: overrides apply to init: sft_arm only"):
+        load_params(write(tmp_path, lambda raw: raw["findings"].update(arms=sft_on_sft, claims=CLAIMS)))
+    with pytest.raises(ParamsError, match=r"findings.claims.gigpo: a and b are the same arm"):
+        load_params(write(tmp_path, claim(b="grpo")))
+
+
+def test_an_sft_arm_merges_its_overrides_into_the_sft_section(tmp_path):
+    arms = dict(ARMS, own={"init": "sft_arm", "sft": {"epochs": 3, "model": {"hidden_size": 64}}, "stages": []},
+                own2={"init": "sft_arm", "stages": []})
+    p = tiny_params(tmp_path, arms, CLAIMS + [{"id": "sft", "claim": "c", "paper": "p", "a": "own2", "b": "own"}])
+    sft = p.findings_sft("own")
+    assert (sft.epochs, sft.model.hidden_size, sft.model.num_layers) == (3, 64, p.sft.model.num_layers)
+    assert p.findings_budget("own") == 0 and p.findings_stages("own") == []
+
+
+# ------------------------------------------------------------------------------------------ the math
+def test_verdicts():
+    assert verdict(0.01, 0.2) == "reproduced"
+    assert verdict(-0.2, 0.0) == verdict(-0.3, -0.1) == "not reproduced"
+    assert verdict(-0.1, 0.1) == verdict(0.0, 0.3) == "inconclusive"
+
+
+def test_compare_matches_hand_computed_paired_differences():
+    a = [[1, 0, 0, 1], [0, 0, 1, 1]]
+    b = [[1, 1, 0, 1], [1, 0, 1, 1]]
+    types = ["x", "x", "y", "y"]
+    r = compare(a, b, types, 0.95, 500)
+    # b - a = [[0, 1, 0, 0], [1, 0, 0, 0]]: 2 of 8 cells
+    assert r["effect"]["diff"] == 0.25 and (r["n_seeds"], r["n_tasks"]) == (2, 4)
+    assert r["a"]["success"] == 0.5 and r["b"]["success"] == 0.75 and r["b"]["per_seed"] == [0.75, 0.75]
+    _, lo, hi = paired_difference(b, a, 0.95, 500)
+    assert (r["effect"]["ci_low"], r["effect"]["ci_high"]) == (round(lo, 4), round(hi, 4))
+    assert r["by_type"]["x"]["diff"] == 0.5 and r["by_type"]["x"]["a"] == 0.25 and r["by_type"]["x"]["b"] == 0.75
+    assert r["by_type"]["y"] == {"n_tasks": 2, "a": 0.75, "b": 0.75, "diff": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+                                 "verdict": "not reproduced"}
+    with pytest.raises(ValueError, match="same shape"):
+        compare(a, b, types[:3], 0.95, 500)
+
+
+# ------------------------------------------------------------------------------------------ the runner
+CALLS = []
+
+
+def fake_run(params, arm, seed, tasks_dir, sft_dir):
+    """gigpo wins every task, clip_sym every task but the first, grpo none."""
+    CALLS.append((arm, seed))
+    out = {"outcomes": {}, "task_ids": {}}
+    for panel in params.findings.panels:
+        ids = [t.task_id for t in load_split(tasks_dir, panel)]
+        won = {"gigpo": [1] * len(ids), "clip_sym": [0] + [1] * (len(ids) - 1)}.get(arm, [0] * len(ids))
+        out["outcomes"][panel], out["task_ids"][panel] = won, ids
+    return out | {"arm": arm, "seed": seed, "curve": [], "sft": None, "episodes": 8, "seconds": 60.0,
+                  "machine": "test machine"}
+
+
+def test_report_files_deterministic_json_and_resume_from_cached_runs(tmp_path):
+    from tests.conftest import ablation_repo
+
+    tasks_dir = ablation_repo(tmp_path)
+    params = tiny_params(tmp_path)
+    out, sft = tmp_path / "reports" / "findings", tmp_path / "models" / "sft"
+    CALLS.clear()
+    lines = []
+    result = findings.run_findings(params, tasks_dir, out, sft, run=fake_run, say=lines.append)
+    assert sorted(CALLS) == [(a, s) for a in ("clip_sym", "gigpo", "grpo") for s in (0, 1)]  # gigpo: once, shared
+    assert lines[0] == "findings: 6 runs (3 arms x 2 seeds), 0 cached, 6 to run" and len(lines) == 7
+    assert lines[-1].startswith("findings: [6/6] ")
+    by_id = {c["id"]: c for c in result["claims"]}
+    assert by_id["gigpo"]["diff"] == 1.0 and by_id["gigpo"]["verdict"] == "reproduced"
+    assert by_id["clip_higher"]["diff"] == round(1 / 3, 4) and by_id["clip_higher"]["n_tasks"] == 3
+    assert by_id["gigpo"]["arms"]["a"] == {"name": "grpo", "budget": 8,
+                                           "spec": {"init": "sft", "sft": {}, "stages": [{"algorithm": "grpo"}]}}
+    assert set(by_id["gigpo"]["panels"]["test"]["by_type"]) == {t.task_type for t in load_split(tasks_dir, "test")}
+    first = (out / "findings.json").read_bytes()
+    assert json.loads(first) == result and first.decode() == json.dumps(result, indent=1, sort_keys=True) + "\n"
+    assert "meta" in result and "seconds" not in json.dumps(result["claims"])
+    md = (out / "findings.md").read_text()
+    assert "| gigpo: GiGPO beats GRPO | Feng et al. 2025 | gigpo vs grpo | 0.0 | 100.0 | +100.0 [+100.0, +100.0] " \
+           "| **reproduced** |" in md
+    assert "python -m flows.findings" in md and "## Per task type" in md
+    assert (out / "findings.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(list((out / "runs").glob("*.json"))) == 6
+
+    # a second invocation trains nothing and writes the same bytes
+    CALLS.clear()
+    again = findings.run_findings(params, tasks_dir, out, sft, run=fake_run, say=lines.append)
+    assert CALLS == [] and again == result and (out / "findings.json").read_bytes() == first
+
+    # a new claim trains its new arm only; a changed arm is a new run
+    arms = dict(ARMS, dapo={"stages": [{"algorithm": "gigpo", "dynamic_sampling": True}]})
+    more = tiny_params(tmp_path, arms, CLAIMS + [{"id": "dapo", "claim": "c", "paper": "p", "a": "gigpo", "b": "dapo"}])
+    findings.run_findings(more, tasks_dir, out, sft, run=fake_run, say=lines.append)
+    assert sorted(CALLS) == [("dapo", 0), ("dapo", 1)]
+    assert findings.run_key(more, "gigpo", 0, tasks_dir, sft) == findings.run_key(params, "gigpo", 0, tasks_dir, sft)
+    changed = tiny_params(tmp_path, dict(ARMS, grpo={"stages": [{"algorithm": "grpo", "lr": 1e-4}]}))
+    assert findings.run_key(changed, "grpo", 0, tasks_dir, sft) != findings.run_key(params, "grpo", 0, tasks_dir, sft)
+
+    docs = tmp_path / "docs"
+    written = publish(out, docs)
+    assert [p.name for p in written] == ["findings.md", "findings.json", "findings.png"]
+    assert (docs / "findings.json").read_bytes() == (out / "findings.json").read_bytes()
+    assert "](images/findings.png)" in (docs / "findings.md").read_text()
+
+
+def test_scratch_init_keeps_the_architecture_and_tokenizer_with_fresh_weights(tmp_path):
+    from tests.conftest import ablation_repo
+
+    tasks_dir = ablation_repo(tmp_path)
+    arms = dict(ARMS, scratch={"init": "scratch", "stages": [{"algorithm": "gigpo"}]})
+    params = tiny_params(tmp_path, arms, [dict(CLAIMS[0], a="scratch")])
+    sft_dir = tmp_path / "models" / "sft"
+    sft, _ = findings.starting_policy(params, "gigpo", 0, tasks_dir, sft_dir)
+    # (this test's models/sft is itself an untrained scratch model drawn with seed 0)
+    fresh, _ = findings.starting_policy(params, "scratch", 3, tasks_dir, sft_dir)
+    again, _ = findings.starting_policy(params, "scratch", 3, tasks_dir, sft_dir)
+    assert type(fresh.model) is type(sft.model) and fresh.model.config.to_dict() == sft.model.config.to_dict()
+    assert fresh.tokenizer.get_vocab() == sft.tokenizer.get_vocab()
+    w = lambda p: p.model.get_input_embeddings().weight  # noqa: E731
+    assert not torch.equal(w(fresh), w(sft)) and torch.equal(w(fresh), w(again))  # fresh, and seeded
+
+
+def test_a_tiny_findings_run_end_to_end(tmp_path):  # ~12 s: two arms x one seed, 8 episodes each
+    from tests.conftest import ablation_repo
+
+    tasks_dir = ablation_repo(tmp_path)
+    params = tiny_params(tmp_path, claims=CLAIMS[:1], seeds=(0,))
+    out = tmp_path / "reports" / "findings"
+    result = findings.run_findings(params, tasks_dir, out, tmp_path / "models" / "sft", say=lambda line: None)
+    runs = sorted((out / "runs").glob("*.json"))
+    assert [p.name.split("-")[0] for p in runs] == ["gigpo", "grpo"]
+    run = json.loads(runs[0].read_text())
+    assert run["episodes"] == 8 and len(run["outcomes"]["test"]) == 3 and set(run["outcomes"]["test"]) <= {0, 1}
+    assert result["claims"][0]["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    assert yaml.safe_load((out / "findings.md").read_text().split("\n")[0].lstrip("# ")) == "Findings"
+
+
+def test_an_sft_arm_trains_its_own_sft_per_seed_then_plays(tmp_path):
+    from tests.conftest import tiny_dataset
+
+    tasks_dir = tmp_path / "tasks"
+    tiny_dataset(tasks_dir, {s: {"frozenlake_easy": 1.0} for s in ("sft", "rl", "test")}, n={"sft": 6, "rl": 2, "test": 2})
+    tiny = {"epochs": 1, "batch_size": 2, "warmup_steps": 0,
+            "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32, "vocab_size": 300}}
+    arms = {"clean": {"init": "sft_arm", "sft": dict(tiny, data={"clean": 1.0, "recovery": 0.0}), "stages": []},
+            "mixed": {"init": "sft_arm", "sft": dict(tiny, data={"clean": 1.0, "recovery": 1.0}), "stages": []}}
+    params = tiny_params(tmp_path, arms, [{"id": "recovery", "claim": "c", "paper": "p", "a": "clean", "b": "mixed"}])
+    run = findings.run_one(params, "mixed", 1, tasks_dir, tmp_path / "no-sft-model")
+    assert run["episodes"] == 0 and run["curve"] == [] and run["sft"]["n_params"] > 0
+    assert len(run["outcomes"]["test"]) == 2
