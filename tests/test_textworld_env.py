@@ -95,6 +95,26 @@ def test_cooking_expert_reads_the_cookbook_first(games):
     env.close()
 
 
+def test_the_anchor_is_the_game_state_and_reading_the_room_changes_nothing(games):
+    """The anchor (GiGPO's step groups) is the game's logical state: the same after a no-op, the same for
+    two plays that reach one state by different orders, different once the state changes. Reading the
+    room description at reset (a `look` between a save and a restore) leaves the game as it was: a
+    second reset shows the same room and the expert still wins in as many steps."""
+    root, tasks = games
+    env = make(tasks["cooking"], root, max_turns=30)
+    start = env.reset()
+    n = len(expert_episode(env))
+    again = env.reset()
+    assert (again.text, again.anchor, again.admissible) == (start.text, start.anchor, start.admissible)
+    cookbook = env.step("examine cookbook").observation  # reading changes no fact of the game
+    assert cookbook.anchor == start.anchor
+    moved = next(a for a in start.admissible if a.startswith(("take ", "open ")))
+    assert env.step(moved).observation.anchor != start.anchor
+    env.reset()
+    assert len(expert_episode(env)) == n
+    env.close()
+
+
 def test_invalid_actions_never_raise_and_cost_a_turn(games):
     root, tasks = games
     env = make(tasks["coin"], root, max_turns=100)

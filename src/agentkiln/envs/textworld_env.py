@@ -19,9 +19,12 @@ import textworld
 from agentkiln.artifacts import TASK_FILES_HINT, TASK_FILES_KEY, ArtifactError, verify_task_files
 from agentkiln.envs.base import Env, Observation, StepResult, anchor_of
 
+# No `description` or `inventory`: each costs the interpreter a `look` / `inventory` command (with a
+# save and restore) on every step, 3.5x the cost of the step itself. The anchor is the game's facts
+# (its whole logical state, tracked by TextWorld without the interpreter); the room description is
+# read once, at reset.
 _INFOS = textworld.EnvInfos(
-    admissible_commands=True, policy_commands=True, objective=True, description=True, inventory=True,
-    won=True, lost=True, feedback=True,
+    admissible_commands=True, policy_commands=True, objective=True, facts=True, won=True, lost=True, feedback=True,
 )
 _NOISE = [
     re.compile(r"^[ _|\\/$<>]*[_|\\/$][ _|\\/$<>]*$", re.M),  # the ASCII-art "TextWorld" banner
@@ -35,6 +38,8 @@ _NOISE = [
 ]
 _ROOM = re.compile(r"-=\s*([^=\n]*?)\s*=-")  # room header "-= Kitchen =-" -> "Kitchen."
 _META = {"look", "inventory"}
+# the text of a `look` in it, without its "[looking]" / "[looking - succeeded]" markers
+_DESCRIPTION = re.compile(r"<description>\n(?:\[looking\]\n)?(.*?)\s*(?:\[looking - succeeded\]\s*)?</description>", re.S)
 
 
 def clean(text: str) -> str:
@@ -82,7 +87,7 @@ class TextWorldEnv(Env):
         # admissible_commands is the costly part of a TextWorld step: read it once per step here
         gs = self._state
         admissible = sorted(c for c in gs.admissible_commands or [] if _keep(c))
-        return Observation(text=text, admissible=admissible, anchor=anchor_of(gs.description, gs.inventory))
+        return Observation(text=text, admissible=admissible, anchor=anchor_of(*sorted(map(str, gs.facts))))
 
     def _reset(self) -> Observation:
         with _quiet():
@@ -93,7 +98,20 @@ class TextWorldEnv(Env):
         self._read_cookbook = False
         self.goal = clean(self._state.objective)
         # the room description, not the intro feedback: that repeats the objective (in env.goal)
-        return self._observe(clean(self._state.description))
+        return self._observe(clean(self._look()))
+
+    def _look(self) -> str:
+        """The room's description as `EnvInfos(description=True)` gives it (TextWorld's games print it
+        between <description> tags after `tw-extra-infos description`), asked between a save and a
+        restore of the interpreter, so the game is exactly as it was and does not go on printing it."""
+        jericho = self._env.unwrapped._jericho
+        saved = jericho.get_state()
+        text, _, _, _ = jericho.step("tw-extra-infos description")
+        jericho.set_state(saved)
+        found = _DESCRIPTION.search(text)
+        if found is None:
+            raise RuntimeError(f"{self.game_file}: the game did not print its room description (not a TextWorld game?)")
+        return found.group(1)
 
     def _step(self, action: str) -> StepResult:
         if action not in self._obs.admissible:
