@@ -194,7 +194,7 @@ def edits(tmp_path, *pairs: tuple[str, str]) -> Path:
 
 DEEPSPEED = ("  backend: single ", "  backend: deepspeed ")
 POLICIES = "  policies: [random, oracle, sft, rl, distilled]"
-COMPARE = "  compare: [[sft, random], [rl, sft], [distilled, rl], [distilled, sft]]"
+COMPARE = "  compare: [[sft, random], [rl, sft], [rl, random], [distilled, rl], [distilled, sft], [distilled, random]]"
 OOD_SPLIT = "    ood:  {n_tasks: 40,  seed: 4, mix: {frozenlake_medium: 0.5, python_words_long: 0.5}}\n"
 
 

@@ -168,13 +168,20 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     assert metrics["oracle"]["success"] >= max(m["success"] for m in metrics.values())  # the ceiling
     assert set(metrics["rl"]["pass_at_k"]) == {"1", "2"} and metrics["rl"]["pass_at_k"]["1"] <= metrics["rl"]["pass_at_k"]["2"]
     comparisons = json.loads((dst / "reports/comparisons.json").read_text())
-    assert [(c["a"], c["b"]) for c in comparisons if c["decoding"] == "greedy"] == [
-        ("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")]
+    pairs = [("sft", "random"), ("rl", "sft"), ("rl", "random"), ("distilled", "rl"), ("distilled", "sft"),
+             ("distilled", "random")]
+    greedy = [c for c in comparisons if c["decoding"] == "greedy"]
+    for panel, n in (("test", 6), ("ood", 2)):
+        whole = [c for c in greedy if c["panel"] == panel and c["family"] is None]
+        assert [(c["a"], c["b"]) for c in whole] == pairs and {c["n_tasks"] for c in whole} == {n}
+    # within each family of a panel that has several (the ood panel here has one: no split)
+    by_family = [c for c in greedy if c["family"] is not None]
+    assert {(c["panel"], c["family"]) for c in by_family} == {("test", f) for f in ("textworld", "gym-toytext", "sql")}
+    assert sum(c["n_tasks"] for c in by_family if (c["a"], c["b"]) == ("rl", "sft")) == 6
     # sampled comparisons only where both policies have pass@k samples
     sampled = [(c["a"], c["b"]) for c in comparisons if c["decoding"] != "greedy"]
     with_samples = {p for p in metrics if "pass_at_k" in metrics[p]}
-    assert sampled == [(a, b) for a, b in [("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")]
-                       if a in with_samples and b in with_samples]
+    assert sampled == [(a, b) for a, b in pairs if a in with_samples and b in with_samples]
     outcomes = json.loads((dst / "reports/outcomes.json").read_text())
     assert all(len(outcomes["outcomes"][p]["test"]) == 6 for p in metrics)
     for m in metrics.values():

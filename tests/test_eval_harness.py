@@ -67,6 +67,38 @@ def test_paired_comparison_flags_a_better_policy_and_never_a_policy_against_itse
     assert not noisy["significant"] and noisy["ci_low"] < 0 < noisy["ci_high"]
 
 
+def test_comparisons_split_each_panel_by_family_so_a_regressed_family_shows():
+    """A policy better over the whole panel but worse on one of its families: the whole-panel row says
+    better, the family row says worse, and the regression line names that family."""
+    from types import SimpleNamespace
+
+    from agentkiln.config import EvaluateParams
+    from agentkiln.evaluate.report import family_comparison_table, regression_line, regressions
+    from agentkiln.stages.evaluate import paired_comparisons
+
+    task = lambda i, fam: SimpleNamespace(task_id=f"{fam}-{i}", family=fam)  # noqa: E731
+    panel = [task(i, "lake") for i in range(60)] + [task(i, "words") for i in range(20)]
+    ood = [task(i, "lake") for i in range(10)]
+    # rl wins 50 more lakes than sft and loses 12 of the 14 word problems sft won
+    sft = {**{f"lake-{i}": int(i < 5) for i in range(60)}, **{f"words-{i}": int(i < 14) for i in range(20)}}
+    rl = {**{f"lake-{i}": int(i < 55) for i in range(60)}, **{f"words-{i}": int(i < 2) for i in range(20)}}
+    ood_out = {f"lake-{i}": 0 for i in range(10)}
+    per_task = {"sft": {"test": sft, "ood": ood_out}, "rl": {"test": rl, "ood": ood_out}}
+    p = EvaluateParams(policies=["sft", "rl"], compare=[("rl", "sft")], n_boot=500)
+    got = paired_comparisons(p, per_task, {}, {"test": panel, "ood": ood})
+    rows = {(c["panel"], c["family"]): c for c in got}
+    assert set(rows) == {("test", None), ("test", "lake"), ("test", "words"), ("ood", None)}  # ood: one family, no split
+    assert rows["test", None]["better"] == "a" and rows["test", None]["diff"] == pytest.approx((50 - 12) / 80)
+    assert rows["test", "lake"]["n_tasks"] == 60 and rows["test", "lake"]["diff"] == pytest.approx(50 / 60)
+    assert rows["test", "words"]["better"] == "b" and rows["test", "words"]["diff"] == pytest.approx(-12 / 20)
+    assert rows["ood", None]["diff"] == 0 and rows["ood", None]["better"] is None
+    assert regressions(got) == [f"rl below sft on test/words (greedy): -60.0 [{100 * rows['test', 'words']['ci_low']:+.1f}, "
+                                f"{100 * rows['test', 'words']['ci_high']:+.1f}]"]
+    assert "test/words" in regression_line(got) and "| rl vs sft | test | words | 20 | -60.0 |" in family_comparison_table(got)
+    same = paired_comparisons(p, {"sft": per_task["sft"], "rl": per_task["sft"]}, {}, {"test": panel, "ood": ood})
+    assert regressions(same) == [] and regression_line(same).startswith("No comparison")
+
+
 # ------------------------------------------------------------------ playing a panel
 @pytest.fixture(scope="module")
 def panel(tmp_path_factory):

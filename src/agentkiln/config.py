@@ -569,8 +569,10 @@ class EvaluateParams(_Strict):
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seeds the random baseline and the pass@k samples")
     pass_k: PassKParams = PassKParams()
     compare: list[Annotated[tuple[str, str], Strict(False)]] = Field(
-        [("sft", "random"), ("rl", "sft"), ("distilled", "rl"), ("distilled", "sft")],
-        description="paired comparisons (a, b) on the test panel: a - b with a bootstrap CI over tasks")
+        [("sft", "random"), ("rl", "sft"), ("rl", "random"), ("distilled", "rl"), ("distilled", "sft"),
+         ("distilled", "random")],
+        description="paired comparisons (a, b) on every panel, whole and per family: a - b with a "
+                    "bootstrap CI over tasks")
     n_boot: int = Field(2000, ge=100, le=BIG, description="bootstrap resamples of the paired comparisons")
 
     @model_validator(mode="after")

@@ -205,13 +205,48 @@ def render_png(metrics: dict, path: Path) -> None:
     fig.savefig(path, format="png", metadata={"Software": None, "Creation Time": None})
 
 
+def _verdict(c: dict) -> str:
+    return {"a": f"**{c['a']} better**", "b": f"**{c['b']} better**"}.get(c.get("better"), "no significant difference")
+
+
+def _ci(c: dict) -> str:
+    return f"{100 * c['diff']:+.1f} | [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
+
+
 def comparison_table(comparisons: list[dict]) -> str:
-    lines = ["| a vs b | play | a - b (points) | 95% CI (paired bootstrap over tasks) | verdict |", "|---|---|---:|---|---|"]
+    """Each pair over a whole panel (greedy on every panel, sampled on the test panel)."""
+    lines = ["| a vs b | panel | play | tasks | a - b (points) | 95% CI (paired bootstrap over tasks) | verdict |",
+             "|---|---|---|---:|---:|---|---|"]
     for c in comparisons:
-        verdict = {"a": f"**{c['a']} better**", "b": f"**{c['b']} better**"}.get(c.get("better"), "no significant difference")
-        lines.append(f"| {c['a']} vs {c['b']} | {c.get('decoding', 'greedy')} | {100 * c['diff']:+.1f} | "
-                     f"[{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}] | {verdict} |")
+        if c.get("family") is None:
+            lines.append(f"| {c['a']} vs {c['b']} | {c.get('panel', 'test')} | {c.get('decoding', 'greedy')} | "
+                         f"{c.get('n_tasks', '-')} | {_ci(c)} | {_verdict(c)} |")
     return "\n".join(lines)
+
+
+def family_comparison_table(comparisons: list[dict]) -> str:
+    """Each pair within each family of each panel (greedy); empty when no panel has several families."""
+    rows = [c for c in comparisons if c.get("family") is not None]
+    if not rows:
+        return ""
+    lines = ["| a vs b | panel | family | tasks | a - b (points) | 95% CI | verdict |", "|---|---|---|---:|---:|---|---|"]
+    lines += [f"| {c['a']} vs {c['b']} | {c.get('panel', 'test')} | {c['family']} | {c['n_tasks']} | {_ci(c)} | "
+              f"{_verdict(c)} |" for c in rows]
+    return "\n".join(lines)
+
+
+def regressions(comparisons: list[dict]) -> list[str]:
+    """Every comparison, whole panel or one family, where a is below b beyond the CI."""
+    return [f"{c['a']} below {c['b']} on {c.get('panel', 'test')}{'/' + c['family'] if c.get('family') else ''} "
+            f"({c.get('decoding', 'greedy')}): {100 * c['diff']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
+            for c in comparisons if c.get("better") == "b"]
+
+
+def regression_line(comparisons: list[dict]) -> str:
+    found = regressions(comparisons)
+    if not found:
+        return "No comparison has its first policy below its second beyond the 95% CI, on any panel or family."
+    return "**Below beyond the 95% CI:** " + "; ".join(found) + "."
 
 
 def breakdown_table(metrics: dict, key: str) -> str:
@@ -254,9 +289,11 @@ def render_full_markdown(metrics: dict, comparisons: list[dict], panels: dict | 
     if panels:
         text += "\nPanels (manifest digests): " + ", ".join(f"{k} `{v}`" for k, v in sorted(panels.items())) + "\n"
     if comparisons:
-        text += ("\n## Paired comparisons (test panel)\n\n" + comparison_table(comparisons) + "\n\n"
-                 "greedy: one greedy episode per task. sampled: each task's success rate over its pass@k samples, "
+        text += ("\n## Paired comparisons\n\n" + regression_line(comparisons) + "\n\n" + comparison_table(comparisons)
+                 + "\n\ngreedy: one greedy episode per task. sampled: each task's success rate over its pass@k samples, "
                  "the quantity RL optimises. A verdict needs the 95% CI to exclude 0.\n")
+        if table := family_comparison_table(comparisons):
+            text += "\n## Paired comparisons per family\n\n" + table + "\n"
     for key, title in (("by_level", "Per difficulty level"), ("by_task_type", "Per task type")):
         if table := breakdown_table(metrics, key):
             text += f"\n## {title} (test panel)\n\n" + table + "\n"
@@ -445,6 +482,8 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
     if meta:  # what produced this page: commit, params, the commit's date (not the wall clock: same bytes)
         parts.append("<p class='meta'>" + " &middot; ".join(f"{html.escape(k)} <code>{html.escape(str(v))}</code>"
                                                            for k, v in meta.items()) + "</p>")
+    if comparisons:
+        parts.append(f"<p>{html.escape(regression_line(comparisons)).replace('**', '')}</p>")
     if images and (Path(images[0]).parent / "trajectories.html").is_file():  # written just before
         parts.append("<p><a href='trajectories.html'>Episodes turn by turn</a> (the trajectory viewer)</p>")
     if panels:
@@ -453,6 +492,7 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
         parts.append(f"<img alt='{img.stem}' src='data:image/png;base64,{base64.b64encode(img.read_bytes()).decode()}'>")
     sections = [("Success on the test panel (95% Wilson CI)", markdown_table(metrics)),
                 ("Paired comparisons (bootstrap over tasks)", comparison_table(comparisons) if comparisons else ""),
+                ("Paired comparisons per family", family_comparison_table(comparisons)),
                 ("Per family (test)", family_table(metrics)),
                 ("Out of distribution", family_table(metrics, "ood") if any("ood" in m for m in metrics.values()) else ""),
                 ("Per difficulty level (test)", breakdown_table(metrics, "by_level")),

@@ -63,6 +63,33 @@ def pass_k_ks(samples: int) -> list[int]:
     return ks + ([samples] if ks[-1] != samples else [])
 
 
+def paired_comparisons(p, per_task: dict[str, dict[str, dict[str, int]]], sampled: dict[str, dict[str, float]],
+                       panels: dict[str, list]) -> list[dict]:
+    """Every `compare` pair (a, b), paired over the same tasks: on each panel, greedy, over the whole
+    panel (`family` None) and within each family (a headline never hides a family that regressed);
+    then on the test panel's sampled play where both have pass@k samples (each task's success rate
+    over its samples: what RL optimises, without greedy decoding's ties and loops)."""
+    out = []
+    for panel, tasks in panels.items():
+        groups = [(None, [t.task_id for t in tasks])]
+        families = sorted({t.family for t in tasks})
+        if len(families) > 1:
+            groups += [(f, [t.task_id for t in tasks if t.family == f]) for f in families]
+        for a, b in p.compare:
+            ta, tb = per_task[a][panel], per_task[b][panel]
+            for family, ids in groups:
+                c = compare_paired([ta[t] for t in ids], [tb[t] for t in ids], p.confidence, p.n_boot, p.seed)
+                out.append({"a": a, "b": b, "decoding": "greedy", "panel": panel, "family": family,
+                            "n_tasks": len(ids), **c})
+    for a, b in p.compare:
+        if a in sampled and b in sampled:
+            sa, sb = sampled[a], sampled[b]
+            c = compare_paired([sa[t] for t in sa], [sb[t] for t in sa], p.confidence, p.n_boot, p.seed)
+            out.append({"a": a, "b": b, "decoding": f"sampled T={p.pass_k.temperature:g} x{p.pass_k.samples}",
+                        "panel": "test", "family": None, "n_tasks": len(sa), **c})
+    return out
+
+
 def check_inputs(params: Params, tasks_dir: Path, model_dirs: dict[str, Path],
                  curves: dict[str, Path] | None = None) -> dict[str, list]:
     """Read and check everything the evaluation will use, before any of its work: the panels (sealed
@@ -124,18 +151,7 @@ def _evaluate(params: Params, tasks_dir: Path, model_dirs: dict[str, Path], repo
             metrics[name]["pass_at_k"] = {str(k): v for k, v in pass_at_k_curve(recs, pass_k_ks(p.pass_k.samples)).items()}
             metrics[name]["pass_at_k_samples"] = p.pass_k.samples
             sampled[name] = success_rates(recs)
-    comparisons = []
-    for a, b in p.compare:
-        ta, tb = per_task[a]["test"], per_task[b]["test"]
-        c = compare_paired([ta[t] for t in ta], [tb[t] for t in ta], p.confidence, p.n_boot, p.seed)
-        comparisons.append({"a": a, "b": b, "decoding": "greedy", **c})
-    # The same pairs on sampled play, where both policies have pass@k samples: each task's success
-    # rate over its samples (what RL optimises, without greedy decoding's ties and loops), paired.
-    for a, b in p.compare:
-        if a in sampled and b in sampled:
-            sa, sb = sampled[a], sampled[b]
-            c = compare_paired([sa[t] for t in sa], [sb[t] for t in sa], p.confidence, p.n_boot, p.seed)
-            comparisons.append({"a": a, "b": b, "decoding": f"sampled T={p.pass_k.temperature:g} x{p.pass_k.samples}", **c})
+    comparisons = paired_comparisons(p, per_task, sampled, panels)
     panel_ids = {panel: panel_id(tasks_dir, panel) for panel in panels}
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
