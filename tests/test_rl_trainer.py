@@ -123,6 +123,31 @@ def test_gigpo_mean_norm_mode_centres_without_std_division():
     assert per_turn(batch, advantages(batch, eps, p)[0], eps) == [[[0.75], [0.5]], [[-0.75], [-0.5]]]
 
 
+def test_per_family_advantage_normalisation_gives_each_family_unit_rms():
+    """adv_norm family: GRPO advantages of a 2-token family (+-0.7071 on 4 tokens: RMS 0.7071) and a
+    3-token family in another group (+1.1547 x 3 tokens, -0.5774 x 3 x 2 episodes) each divided by
+    their own RMS over tokens; signs kept, a family of zeros untouched."""
+    eps = [episode(0, [t(2, reward=1.0)], won=True), episode(0, [t(2)], won=False),
+           episode(1, [t(3, reward=1.0)], won=True), episode(1, [t(3)], won=False), episode(1, [t(3)], won=False),
+           episode(2, [t(1)], won=False), episode(2, [t(1)], won=False)]
+    for e, fam in zip(eps, ["lake", "lake", "words", "words", "words", "shop", "shop"]):
+        e.family = fam
+    batch = build_batch(eps, 0)
+    approx = lambda v: pytest.approx(v, rel=1e-5)  # noqa: E731  (GRPO divides by std + 1e-6)
+    plain = per_turn(batch, advantages(batch, eps, RLParams(algorithm="grpo"))[0], eps)
+    got = per_turn(batch, advantages(batch, eps, RLParams(algorithm="grpo", adv_norm="family"))[0], eps)
+    a, b = 1 / math.sqrt(2), 2 / math.sqrt(3)  # GRPO with the unbiased std: groups of 2 and 3
+    assert plain[0][0][0] == approx(a) and plain[2][0][0] == approx(b)
+    rms_lake = a  # every lake token is +-a
+    rms_words = math.sqrt((3 * b ** 2 + 6 * (b / 2) ** 2) / 9)
+    assert got[0] == [[approx(a / rms_lake)] * 2] and got[1] == [[approx(-a / rms_lake)] * 2]
+    assert got[2] == [[approx(b / rms_words)] * 3] and got[3] == [[approx(-b / 2 / rms_words)] * 3]
+    assert got[5] == [[0.0]] and got[6] == [[0.0]]  # a tied group: nothing to scale
+    for fam in ("lake", "words"):  # unit RMS over each family's tokens
+        vals = [x for e, ep in enumerate(eps) if ep.family == fam for turn in got[e] for x in turn]
+        assert math.sqrt(sum(x * x for x in vals) / len(vals)) == approx(1.0)
+
+
 def test_reinforce_pp_baseline_credit_subtracts_the_group_mean_then_whitens():
     # scores 1 and 0 (group mean 0.5) -> +0.5 on the winner's 3 tokens, -0.5 on the loser's one;
     # whitened over the 4 tokens: mean 0.25, unbiased var 0.25 -> 0.5, 0.5, 0.5, -1.5

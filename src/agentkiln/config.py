@@ -434,6 +434,10 @@ class RLParams(_Strict):
     gigpo_mode: Literal["mean_std_norm", "mean_norm"] = Field(
         "mean_std_norm", description="GiGPO (verl-agent's mode): episode and step advantages divided by their "
         "group's std (mean_std_norm) or only centred (mean_norm)")
+    adv_norm: Literal["none", "family", "task_type"] = Field(
+        "none", description="multi-task balance: divide each family's (or task type's) advantages by their root mean "
+        "square over its reply tokens, so a family with large or many advantages cannot crowd out the others "
+        "(PopArt-style per-task scale normalisation, Hessel et al. 2019); none: as computed")
     # policy loss
     policy_loss: Literal["ppo", "gspo"] = "ppo"
     clip_low: float = Field(0.2, gt=0, lt=1)

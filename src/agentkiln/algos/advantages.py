@@ -143,3 +143,18 @@ def gigpo(
     step_adv = centred / (std + eps) if norm_by_std else centred
     step_adv = torch.where(_tied(mean, std), torch.zeros_like(step_adv), step_adv)
     return ep_adv[step_episode.long()] + step_weight * step_adv
+
+
+def scale_normalise(adv: torch.Tensor, keys: list, eps: float = 1e-6) -> torch.Tensor:
+    """Multi-task balance (PopArt's per-task scale normalisation, Hessel et al. 2019, applied to
+    advantages): each key's entries (a token's family or task type) divided by the root mean square
+    of that key's entries, so every key's advantages have RMS 1 whatever its reward scale or how
+    peaked its groups are. Signs and the ranking within a key are kept; a key whose entries are all
+    (near) 0 stays 0."""
+    out = adv.clone()
+    for k in dict.fromkeys(keys):
+        idx = torch.tensor([i for i, x in enumerate(keys) if x == k], dtype=torch.long)
+        rms = adv[idx].pow(2).mean().sqrt()
+        if rms > eps:
+            out[idx] = adv[idx] / rms
+    return out

@@ -18,6 +18,9 @@ gets -kl_coef * its KL estimate to the reference (a turn's reward then includes 
 - ppo: per turn, GAE over the episode's turns with the critic's values (read where the turn's reply
   starts), whitened over the batch; returns (advantages + values) are the critic's targets.
 
+With `adv_norm` (family / task_type), each family's (type's) token advantages are then divided by
+their root mean square (algos.advantages.scale_normalise): multi-task balance.
+
 The estimators are the pure functions of agentkiln.algos.advantages; this module only lays the
 batch's turns and tokens out for them and writes the result back.
 """
@@ -102,6 +105,9 @@ def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: tor
         returns = ret[ep_of, step]
     else:
         raise ValueError(f"rl algorithm {p.algorithm!r}: expected one of {', '.join(ALGORITHMS)}")
+    if p.adv_norm != "none":
+        key = [getattr(ep, p.adv_norm) or ep.family for ep in episodes]
+        tok_adv = A.scale_normalise(tok_adv.float(), [key[int(e)] for e in ep_of[tok_turn]])
     out = torch.zeros(batch.loss_mask.shape)
     out[batch.loss_mask] = tok_adv.float()
     return out, returns
