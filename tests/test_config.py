@@ -103,10 +103,10 @@ def edit(tmp_path, old: str, new: str) -> Path:
         ("  epochs: 16\n", '  epochs: "3"\n', "sft.epochs = '3': Input should be a valid integer (got str"),
         ("    hidden_size: 128\n", "    hidden_size: 1e6\n", "sft.model.hidden_size = 1000000.0: Input should be a valid integer"),
         ("    main: {init: sft}\n", "    main: {init: sft, ppo_epochs: true}\n", "stages.main.ppo_epochs = True: Input should be a valid integer"),
-        ("    temperature: 1.0\n", '    temperature: "1.0"\n', "rl.defaults.temperature = '1.0': Input should be a valid number"),
+        ("    temperature: 0.7 ", '    temperature: "0.7" ', "rl.defaults.temperature = '0.7': Input should be a valid number"),
         # finite, bounded numbers
-        ("    temperature: 1.0\n", "    temperature: .inf\n", "rl.defaults.temperature = inf: Input should be a finite number"),
-        ("    temperature: 1.0\n", "    temperature: 1000\n", "rl.defaults.temperature = 1000: Input should be less than or equal to 100"),
+        ("    temperature: 0.7 ", "    temperature: .inf ", "rl.defaults.temperature = inf: Input should be a finite number"),
+        ("    temperature: 0.7 ", "    temperature: 1000 ", "rl.defaults.temperature = 1000: Input should be less than or equal to 100"),
         ("    clip_high: 0.28\n", "    clip_high: .inf\n", "rl.defaults.clip_high = inf: Input should be a finite number"),
         ("    clip_high: 0.28\n", "    clip_high: .nan\n", "rl.defaults.clip_high = nan: Input should be a finite number"),
         ("    kl_coef: 0.0 ", "    kl_coef: 1e300 ", "rl.defaults.kl_coef = 1e+300: Input should be less than or equal to 100"),
@@ -142,7 +142,7 @@ def test_model_source_must_be_a_model_directory(tmp_path):
 
 def test_numbers_as_written_still_load(tmp_path):
     """An int is a float; 3e-4 (YAML 1.2) is a number, not the string YAML 1.1 makes of it."""
-    path = edit(tmp_path, "    temperature: 1.0\n", "    temperature: 2\n")
+    path = edit(tmp_path, "    temperature: 0.7 ", "    temperature: 2 ")
     assert load_params(path).rl.defaults.temperature == 2.0
     path = edit(tmp_path, "  lr: 0.003\n", "  lr: 3e-3\n")
     assert load_params(path).sft.lr == 0.003
@@ -195,7 +195,7 @@ def edits(tmp_path, *pairs: tuple[str, str]) -> Path:
 DEEPSPEED = ("  backend: single ", "  backend: deepspeed ")
 POLICIES = "  policies: [random, oracle, sft, rl, distilled]"
 COMPARE = "  compare: [[sft, random], [rl, sft], [rl, random], [distilled, rl], [distilled, sft], [distilled, random]]"
-OOD_SPLIT = "    ood:  {n_tasks: 40,  seed: 4, mix: {frozenlake_medium: 0.5, python_words_long: 0.5}}\n"
+OOD_SPLIT = "    ood:  {n_tasks: 80,  seed: 4, mix: {frozenlake_medium: 0.5, python_words_long: 0.5}}\n"
 
 
 @pytest.mark.parametrize("pairs, expected", [

@@ -39,7 +39,9 @@ def test_repository_claims_compare_arms_at_one_budget():
     assert len(p.findings.claims) >= 10 and len(p.findings.seeds) >= 3
     for c in p.findings.claims:
         assert p.findings_budget(c.a) == p.findings_budget(c.b), c.id
-    assert [s.max_turns for s in p.findings_stages("scaling")] == [6, 12]  # ScalingInter: a growing horizon
+    # ScalingInter: a horizon growing from 8 turns to each task's own limit (null), against that limit from the start
+    assert [s.max_turns for s in p.findings_stages("scaling")] == [8, None]
+    assert [s.max_turns for s in p.findings_stages("gigpo")] == [None]
     assert p.findings.arms["scratch"].init == "scratch"
 
 
@@ -50,7 +52,7 @@ def test_claims_name_existing_arms_at_the_same_budget(tmp_path):
     with pytest.raises(ParamsError, match=r"findings.claims.gigpo.b = 'gigpoo': no such arm"):
         load_params(write(tmp_path, claim(b="gigpoo")))
     big = dict(ARMS, big={"stages": [{"algorithm": "gigpo", "episode_budget": 64}, {"episode_budget": 64}]})
-    with pytest.raises(ParamsError, match=r"findings.claims.gigpo: arms grpo \(256 episodes\) and big \(128 episodes\) "
+    with pytest.raises(ParamsError, match=r"findings.claims.gigpo: arms grpo \(768 episodes\) and big \(128 episodes\) "
                                           "spend different rollout budgets"):
         load_params(write(tmp_path, lambda raw: raw["findings"].update(arms=big, claims=[dict(CLAIMS[0], b="big")])))
     bad = dict(ARMS, gigpo={"stages": [{"algorithm": "sarsa"}]})

@@ -164,6 +164,17 @@ def _seq_count(seq: torch.Tensor) -> int:
     return len(torch.unique(seq))
 
 
+def by_length(batch: Batch) -> list[int]:
+    """The batch's rows ordered by their episode's longest row, an episode's rows together: micro-batches
+    cut from this order pad little (a 12-token FrozenLake row beside a 1,500-token cooking row wasted
+    most of a micro-batch's compute). The minibatch's gradient does not depend on how it is cut."""
+    length = batch.attention_mask.sum(1)
+    longest: dict[int, int] = {}
+    for r, e in enumerate(batch.episode.tolist()):
+        longest[e] = max(longest.get(e, 0), int(length[r]))
+    return sorted(range(batch.rows), key=lambda r: (longest[int(batch.episode[r])], int(batch.episode[r]), r))
+
+
 def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt: torch.optim.Optimizer,
            critic_opt: torch.optim.Optimizer | None, gen: torch.Generator, values: torch.Tensor | None = None,
            returns: torch.Tensor | None = None) -> dict:
@@ -181,8 +192,9 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
             seq = mb.seq_ids()
             n_tok, n_seq = mb.n_tokens, _seq_count(seq)
             opt.zero_grad(set_to_none=True)
+            rows = by_length(mb)
             for k in range(0, mb.rows, micro_size):
-                micro = mb.select(list(range(k, min(k + micro_size, mb.rows))))
+                micro = mb.select(rows[k : k + micro_size])
                 share = micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq
                 for key, v in _micro_loss(policy, micro, p, share).items():
                     stats[key].append(v)
