@@ -8,7 +8,7 @@ bash scripts/install_postgres.sh
 # vLLM's own CPU venv (tests/test_vllm_rollout.py) builds in the background while the other tests run; the test's fixture waits on its lock
 c="${AGENTKILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentkiln}"; mkdir -p "$c"; AGENTKILN_VLLM_TARGET=cpu nohup bash scripts/install_vllm.sh >"$c/install_vllm.log" 2>&1 &
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -38,8 +38,10 @@ import yaml
 MIX = {"frozenlake_easy": 1.0}
 MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "vocab_size": 400,
          "max_context": 1024}
-# 7 episodes in minibatches of 3: shares of 2+1 rows, and a 1-row minibatch where rank 1 idles
-SFT = {"epochs": 3, "batch_size": 3, "warmup_steps": 2, "lr": 0.01, "model": MODEL}
+# 7 episodes in minibatches of 3: shares of 2+1 rows, and a 1-row minibatch where rank 1 idles (clean
+# walkthroughs only: recovery episodes would change the count)
+SFT = {"epochs": 3, "batch_size": 3, "warmup_steps": 2, "lr": 0.01, "model": MODEL,
+       "data": {"clean": 1.0, "recovery": 0.0}}
 REL_TOL = 1e-5  # per-epoch loss, relative (fp32; summation order differs between 1 and 2 processes)
 WEIGHT_TOL = 1e-4  # final weights, max |difference|
 
@@ -245,6 +247,9 @@ RL = {"defaults": {"algorithm": "grpo", "iterations": 2, "episode_budget": None,
                    "checkpoint_every": 1},
       "stages": {"s1": {"init": "sft"}}}
 RL_REL_TOL = 1e-5  # per-iteration loss / KL / entropy / grad norm, relative (measured <= 8e-7)
+# ...to at least 0.01: the KL (~2e-4 here) is a mean of differences of log-probs of order 1, whose fp32
+# rounding is absolute (8e-9 measured: 4e-5 of the KL itself)
+FLOOR = 1e-2
 
 
 def rl(params, root: Path, out: Path, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
@@ -277,7 +282,7 @@ def test_rl_on_zero2_ranks_follows_the_single_process_curve_and_rank0_saves(worl
     for a, b in zip(rows, want_rows):
         assert a.keys() == b.keys()
         assert {k: v for k, v in a.items() if k not in update_keys} == {k: v for k, v in b.items() if k not in update_keys}
-    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(rows, want_rows) for k in update_keys)
+    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), FLOOR) for a, b in zip(rows, want_rows) for k in update_keys)
     print(f"max relative per-iteration update-metric difference, 2-rank ZeRO-2 vs single: {rel:.2e}")
     assert rel < RL_REL_TOL, (rows, want_rows)
     assert {k: v for k, v in got.items()} == want
@@ -349,6 +354,6 @@ def test_rl_ranks_resume_from_rank0s_checkpoint_onto_the_single_process_curve(wo
     keys = {"loss", "pg_loss", "kl", "entropy", "grad_norm", "ratio_mean", "clip_frac"}
     for a, b in zip(got, want):
         assert {k: v for k, v in a.items() if k not in keys} == {k: v for k, v in b.items() if k not in keys}
-    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(got, want) for k in keys)
+    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), FLOOR) for a, b in zip(got, want) for k in keys)
     print(f"resumed 2-rank RL vs single, max relative update-metric difference: {rel:.2e}")
     assert rel < RL_REL_TOL
