@@ -27,8 +27,9 @@ pip_install() {
     for v in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null) ${PIP_FIND_LINKS:-}; do opts+=(--find-links "$v"); done
     for v in $(.venv/bin/python -m pip config get global.extra-index-url 2>/dev/null) ${PIP_EXTRA_INDEX_URL:-}; do opts+=(--extra-index-url "$v"); done
     for v in $(.venv/bin/python -m pip config get global.constraint 2>/dev/null) ${PIP_CONSTRAINT:-}; do opts+=(--constraint "$v"); done
-    # best match over every index, as pip does; the system's certificates, as pip does
-    if UV_NATIVE_TLS=1 .venv/bin/uv pip install --quiet --python .venv/bin/python --index-strategy unsafe-best-match \
+    # as pip does: best match over every index, the system's certificates, bytecode compiled at install
+    # (where PYTHONDONTWRITEBYTECODE is set, nothing would ever be cached: every process recompiles)
+    if UV_NATIVE_TLS=1 .venv/bin/uv pip install --quiet --python .venv/bin/python --index-strategy unsafe-best-match --compile-bytecode \
         "${opts[@]}" "$@"; then
       return 0
     fi
