@@ -58,15 +58,17 @@ fi
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+# shellcheck source=scripts/pip_install.sh
+source "$(dirname "$0")/pip_install.sh"  # uv, or pip where uv cannot be had
 start=$(date +%s)
-echo "install_vllm.sh: building vLLM's environment ($TARGET) in $DIR (a few minutes, ~3.5 GB)"
+echo "install_vllm.sh: building vLLM's environment ($TARGET) in $DIR (about a minute with uv, a few with pip; ~3.5 GB)"
 rm -rf "$DIR"  # a stamp-less directory is an interrupted install: start over
 "$PY" -m venv "$DIR"
 "$DIR/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
 for step in "${STEPS[@]}"; do
-  echo "install_vllm.sh: pip install $step"
+  echo "install_vllm.sh: install $step"
   # shellcheck disable=SC2086  # a step is several requirement specs
-  "$DIR/bin/python" -m pip install --quiet --disable-pip-version-check $step
+  pip_install "$DIR/bin/python" $step
 done
 if [ "$TARGET" = cpu ]; then
   # PyPI's torchvision/torchaudio/torchcodec fail to load beside torch 2.13.0+cpu, and vLLM imports them

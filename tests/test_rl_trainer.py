@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from agentkiln.config import ALGORITHMS, ModelParams, RLParams
+from agentkiln.algos.registry import estimator_names
+from agentkiln.config import ModelParams, RLParams
 from agentkiln.policy import AgentFormat, Policy, build_scratch_policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
@@ -303,7 +304,7 @@ def test_dynamic_sampling_trains_only_on_groups_whose_rewards_vary(lake_pool, te
     assert all(len(r) == 4 for r in by_group.values())
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", estimator_names())
 def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm, monkeypatch):
     tasks, tasks_dir = lake_pool
     pol, ref = policy(texts), policy(texts)

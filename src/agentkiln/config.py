@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from agentkiln.algos import registry
 from agentkiln.envs import FAMILIES
 from agentkiln.errors import UserError
 
@@ -319,9 +320,6 @@ class SFTParams(_Strict):
     lora: LoRAParams = LoRAParams()
 
 
-ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "ppo")
-
-
 # --------------------------------------------------------------------------- rewards (agentkiln.rewards)
 Weight = Annotated[float, Field(ge=0, le=100, description="the component's weight in the turn reward (0: off)")]
 
@@ -404,7 +402,8 @@ class RLParams(_Strict):
     """One RL stage (agentkiln.trainers.rl; docs/rl.md says what each knob does and its default's source)."""
 
     init: str = Field("sft", description="model the stage starts from: sft or rl/<an earlier stage>")
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "ppo"] = "grpo"
+    algorithm: str = Field("grpo", description="the advantage estimator, by its registered name "
+                           "(agentkiln.algos.registry: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gigpo, ppo)")
     iterations: int = Field(30, ge=0, le=BIG)
     tasks_per_iter: int = Field(16, ge=1, le=65536)
     group_size: int = Field(8, ge=2, le=1024, description="G episodes per task from the same initial state")
@@ -439,7 +438,7 @@ class RLParams(_Strict):
         "square over its reply tokens, so a family with large or many advantages cannot crowd out the others "
         "(PopArt-style per-task scale normalisation, Hessel et al. 2019); none: as computed")
     # policy loss
-    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    policy_loss: str = Field("ppo", description="by its registered name (agentkiln.algos.registry: ppo, gspo)")
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0, le=10)
     dual_clip: float | None = Field(None, gt=1, le=100)
@@ -465,10 +464,26 @@ class RLParams(_Strict):
     tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
 
+    @field_validator("algorithm")
+    @classmethod
+    def _registered_estimator(cls, v: str) -> str:
+        if v not in registry.estimator_names():
+            raise ValueError(f"{v!r} is no registered advantage estimator: expected one of "
+                             f"{', '.join(registry.estimator_names())} (agentkiln.algos.registry.register_estimator adds one)")
+        return v
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _registered_loss(cls, v: str) -> str:
+        if v not in registry.policy_loss_names():
+            raise ValueError(f"{v!r} is no registered policy loss: expected one of "
+                             f"{', '.join(registry.policy_loss_names())} (agentkiln.algos.registry.register_policy_loss adds one)")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self):
-        if self.policy_loss == "gspo" and self.loss_agg != "token-mean":
-            raise ValueError("policy_loss gspo has its own sequence-level aggregation: leave loss_agg at token-mean")
+        if not registry.policy_loss(self.policy_loss).token_level and self.loss_agg != "token-mean":
+            raise ValueError(f"policy_loss {self.policy_loss} has its own sequence-level aggregation: leave loss_agg at token-mean")
         if any(not (0 <= w < float("inf")) for w in self.mix.values()) or (self.mix and not any(self.mix.values())):
             raise ValueError(f"mix = {self.mix}: weights are finite, >= 0 and not all 0")
         return self
@@ -881,11 +896,13 @@ def _compute_contradictions(p: Params) -> list[str]:
                    "rank 0 plays the rollouts with the in-process engine; use compute.rollout.backend: hf or "
                    "compute.backend: single")
     for name, override in p.rl.stages.items():
-        if p.rl.stage(name).algorithm == "ppo":
-            where = (f"rl.stages.{name}.algorithm = 'ppo'" if "algorithm" in override
-                     else f"rl.defaults.algorithm = 'ppo' (stage {name} inherits it)")
+        algo = p.rl.stage(name).algorithm
+        if registry.estimator(algo).needs_critic:
+            where = (f"rl.stages.{name}.algorithm = {algo!r}" if "algorithm" in override
+                     else f"rl.defaults.algorithm = {algo!r} (stage {name} inherits it)")
+            free = ", ".join(n for n in registry.estimator_names() if not registry.estimator(n).needs_critic)
             out.append(f"{where} with compute.backend = 'deepspeed': the critic is not trained on ranks; use a "
-                       "critic-free algorithm (grpo, dr_grpo, rloo, reinforce_pp, gigpo) or compute.backend: single")
+                       f"critic-free algorithm ({free}) or compute.backend: single")
     # what trainers.distributed.plan refuses whatever the machine
     if c.device.startswith("cuda:") and ds.num_procs > 1:
         out.append(f"compute.device = {c.device!r} with compute.deepspeed.num_procs = {ds.num_procs}: each rank takes "

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from agentkiln.algos.registry import register_policy_loss
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # |log pi - log pi_old| of PPO-clip and |log ref - log pi| inside k3 (verl)
 GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's sequence log-ratio (verl)
@@ -136,3 +138,17 @@ def entropy_bonus(
     """The term the trainer adds to the loss for an entropy bonus: -coef * the token entropies
     reduced by the loss's own aggregation (`aggregate`; token-mean: -coef * mean entropy)."""
     return -coef * aggregate(entropy, agg, seq_ids, norm_len)
+
+
+# --------------------------------------------------------------------------- registered by name (rl.policy_loss)
+@register_policy_loss("ppo", token_level=True)
+def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, seq_ids: torch.Tensor, p) -> tuple[torch.Tensor, dict]:
+    """rl.policy_loss ppo: `ppo_clip` with the stage's clip range, dual clip and aggregation."""
+    return ppo_clip(logp, old_logp, adv, p.clip_low, p.clip_high, p.dual_clip, p.loss_agg, seq_ids,
+                    float(p.loss_agg_norm_len))
+
+
+@register_policy_loss("gspo", token_level=False)
+def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, seq_ids: torch.Tensor, p) -> tuple[torch.Tensor, dict]:
+    """rl.policy_loss gspo: `gspo` with the stage's clip range (its own sequence-level aggregation)."""
+    return gspo(logp, old_logp, adv, seq_ids, p.clip_low, p.clip_high)

@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from agentkiln.algos.losses import aggregate, entropy_bonus, gspo, kl_penalty, ppo_clip
+from agentkiln.algos import registry
+from agentkiln.algos.losses import aggregate, entropy_bonus, kl_penalty
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora
@@ -183,7 +184,7 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
     seq-mean-token-sum-norm's length is the constant `loss_agg_norm_len`, not the minibatch's)."""
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
-    token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"  # share of tokens, else of sequences
+    token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level  # share of tokens, else of sequences
     policy.model.train()
     for _ in range(p.ppo_epochs):
         order = torch.randperm(batch.rows, generator=gen).tolist()
@@ -231,10 +232,7 @@ def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, engine=
             logp, entropy = engine(token_logprobs, micro, p.temperature)
     old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
     norm_len = float(p.loss_agg_norm_len)
-    if p.policy_loss == "gspo":
-        pg, info = gspo(logp, old, adv, seq, p.clip_low, p.clip_high)
-    else:
-        pg, info = ppo_clip(logp, old, adv, p.clip_low, p.clip_high, p.dual_clip, p.loss_agg, seq, norm_len)
+    pg, info = registry.policy_loss(p.policy_loss).fn(logp, old, adv, seq, p)
     loss = pg
     stats = {"pg_loss": float(pg.detach()), "clip_frac": info["clip_frac"], "ratio_mean": info["ratio_mean"]}
     if micro.ref_logp is not None:
@@ -320,7 +318,7 @@ def train_rl(
     rollout = rollout or HFRollout(policy)
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
     critic = critic_opt = None
-    if p.algorithm == "ppo":
+    if registry.estimator(p.algorithm).needs_critic:
         critic = Critic(policy.model)
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -379,9 +377,10 @@ def train_rl(
 # --------------------------------------------------------------------------- DeepSpeed ranks
 def check_ranks(p: RLParams, compute) -> None:
     """What RL on DeepSpeed ranks does not do (yet), refused by name before any work."""
-    if p.algorithm == "ppo":
-        raise ValueError("rl: algorithm = ppo with compute.backend = deepspeed: the critic is not trained on ranks; "
-                         "use a critic-free algorithm (grpo, dr_grpo, rloo, reinforce_pp, gigpo) or backend single")
+    if registry.estimator(p.algorithm).needs_critic:
+        free = ", ".join(n for n in registry.estimator_names() if not registry.estimator(n).needs_critic)
+        raise ValueError(f"rl: algorithm = {p.algorithm} with compute.backend = deepspeed: the critic is not trained "
+                         f"on ranks; use a critic-free algorithm ({free}) or backend single")
     if compute.deepspeed.zero_stage == 3:
         raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: rank 0 plays the "
                          "rollouts on its own whole copy of the weights, which ZeRO-3 shards; use zero_stage 2")
@@ -401,7 +400,7 @@ def update_ranks(rank, engine, policy: Policy, batch: Batch, p: RLParams, gen: t
     from agentkiln.trainers import distributed
 
     stats: dict[str, list[float]] = defaultdict(list)
-    token_level = p.loss_agg == "token-mean" and p.policy_loss == "ppo"
+    token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level
     engine.train()
     for _ in range(p.ppo_epochs):
         order = torch.randperm(batch.rows, generator=gen).tolist()
