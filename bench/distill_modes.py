@@ -22,7 +22,7 @@ from agentkiln import paths
 from agentkiln.config import load_params
 from agentkiln.evaluate.harness import outcomes, panel_summary, play
 from agentkiln.evaluate.panels import load_panel, panel_id
-from agentkiln.evaluate.stats import compare_paired
+from agentkiln.stats import compare_paired
 from agentkiln.policy import load_policy
 from agentkiln.stages.common import seed_everything
 from agentkiln.stages.distill import run_distill

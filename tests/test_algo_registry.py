@@ -1,17 +1,22 @@
 """Advantage estimators and policy losses by name: a new estimator is one decorated function, params
 accept its name at once, and the trainer trains with it; unknown and clashing names are refused."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from agentkiln.algos import registry
 from agentkiln.algos.registry import register_estimator, register_policy_loss
-from agentkiln.config import ModelParams, RLParams
+from agentkiln.config import ModelParams, ParamsError, RLParams, load_params
 from agentkiln.policy import AgentFormat, build_scratch_policy
 from agentkiln.trainers import rl as trainer
 
 from tests.conftest import task_texts
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ModelParams(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=400, max_context=1024)
 
 
@@ -52,13 +57,20 @@ def test_a_toy_estimator_registered_in_one_place_trains(lake_pool, monkeypatch):
         assert torch.equal(got, w)
 
 
-def test_unknown_names_are_refused_with_the_registered_ones():
-    with pytest.raises(ValueError, match="no registered advantage estimator: expected one of grpo, dr_grpo, rloo"):
-        RLParams(algorithm="nope")
-    with pytest.raises(ValueError, match="no registered policy loss: expected one of ppo, gspo"):
-        RLParams(policy_loss="nope")
-    with pytest.raises(ValueError, match="policy_loss gspo has its own sequence-level aggregation"):
-        RLParams(policy_loss="gspo", loss_agg="seq-mean-token-mean")
+def test_unknown_names_are_refused_at_load_with_the_registered_ones():
+    with pytest.raises(ParamsError) as e:
+        load_params(ROOT / "params.yaml", ["rl.defaults.algorithm=nope", "rl.defaults.policy_loss=nope"])
+    assert "rl.defaults.algorithm = 'nope': no registered advantage estimator; use one of grpo, dr_grpo, rloo" in str(e.value)
+    assert "rl.defaults.policy_loss = 'nope': no registered policy loss; use one of ppo, gspo" in str(e.value)
+    with pytest.raises(ValueError, match="rl.defaults.algorithm = 'nope' \\(stage main inherits it\\)|"
+                                         "rl algorithm 'nope': expected one of grpo"):
+        registry.estimator("nope")  # the trainer's lookup names the registered ones too
+
+
+def test_importing_config_imports_no_estimator_code():
+    code = "import sys, agentkiln.config; print('agentkiln.algos.estimators' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
 
 
 def test_a_taken_name_is_refused_and_a_registered_loss_is_used_by_name():

@@ -6,8 +6,9 @@ where it plays environments: params choose which): every project file among
 those modules must be covered by one of the stage's `deps` (a file or a directory), and every code
 dep must hold a module the stage imports. Loading params.yaml also imports the task generators (the
 synthesize section's knobs are checked by each family's own `check`): that code can refuse params,
-never change a stage's outputs, so it is a dep of the synthesize stage only; the test pins that it
-is nothing else.
+never change a stage's outputs, so it is a dep of the synthesize stage only. Likewise the built-in
+advantage estimators and policy losses (agentkiln.algos: params name them, and they are looked up in
+the registry at load), a dep of the rl stages only. The test pins that it is nothing else.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def stages() -> dict[str, dict]:
     return out
 
 
-PARAMS_CHECK_ONLY = ("src/agentkiln/synthesis/",)  # see the module docstring
+PARAMS_CHECK_ONLY = ("src/agentkiln/synthesis/", "src/agentkiln/algos/")  # see the module docstring
 
 
 @lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ import yaml
 
 from agentkiln.config import ParamsError, load_params
 from agentkiln.evaluate.findings_report import compare, publish, verdict
-from agentkiln.evaluate.stats import paired_difference
+from agentkiln.stats import paired_difference
 from agentkiln.stages import findings
 from agentkiln.stages.common import load_split
 from tests.test_config import ROOT, write

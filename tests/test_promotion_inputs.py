@@ -14,7 +14,7 @@ import pytest
 from agentkiln import tracking
 from agentkiln.artifacts import ArtifactError
 from agentkiln.evaluate.panels import seal
-from agentkiln.evaluate.stats import wilson_interval
+from agentkiln.stats import wilson_interval
 from agentkiln.policy import save_policy
 from agentkiln.stages.promote import run_promote
 from agentkiln.synthesis.generate import env_version, generate

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from agentkiln.evaluate.stats import summarize_episodes, wilson_interval
+from agentkiln.stats import summarize_episodes, wilson_interval
 
 # z for 95 %: 1.959964, z^2 = 3.841459.
 
@@ -90,7 +90,7 @@ def test_summarize_empty_and_mismatched():
 def test_bootstrap_mean_and_paired_difference():
     import numpy as np
 
-    from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
+    from agentkiln.stats import bootstrap_mean, paired_difference
 
     rng = np.random.default_rng(0)
     a = (rng.random((3, 200)) < 0.6).astype(float)

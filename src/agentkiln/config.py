@@ -464,26 +464,8 @@ class RLParams(_Strict):
     tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
 
-    @field_validator("algorithm")
-    @classmethod
-    def _registered_estimator(cls, v: str) -> str:
-        if v not in registry.estimator_names():
-            raise ValueError(f"{v!r} is no registered advantage estimator: expected one of "
-                             f"{', '.join(registry.estimator_names())} (agentkiln.algos.registry.register_estimator adds one)")
-        return v
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _registered_loss(cls, v: str) -> str:
-        if v not in registry.policy_loss_names():
-            raise ValueError(f"{v!r} is no registered policy loss: expected one of "
-                             f"{', '.join(registry.policy_loss_names())} (agentkiln.algos.registry.register_policy_loss adds one)")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self):
-        if not registry.policy_loss(self.policy_loss).token_level and self.loss_agg != "token-mean":
-            raise ValueError(f"policy_loss {self.policy_loss} has its own sequence-level aggregation: leave loss_agg at token-mean")
         if any(not (0 <= w < float("inf")) for w in self.mix.values()) or (self.mix and not any(self.mix.values())):
             raise ValueError(f"mix = {self.mix}: weights are finite, >= 0 and not all 0")
         return self
@@ -874,7 +856,29 @@ def contradictions(p: Params) -> list[str]:
         out.append(f"distill.mode = {p.distill.mode!r} with distill.student.source = {p.distill.student.source!r}: "
                    "the teacher (sft.model.source: scratch) has a tokenizer trained on the tasks that a "
                    "pretrained student cannot share; use distill.mode: trajectory or a scratch student")
+    out += _unregistered(p)
     out += _compute_contradictions(p)
+    return out
+
+
+def _unregistered(p: Params) -> list[str]:
+    """Every stage's estimator and policy loss is a name in agentkiln.algos.registry. Checked when params
+    load, not in RLParams' own validators: those run at import (the defaults), and the built-ins' code
+    (torch) would then be imported by every module that imports config."""
+    stages = {"rl.defaults": p.rl.defaults} | {f"rl.stages.{n}": p.rl.stage(n) for n in p.rl.stages}
+    stages |= {f"ablation.arms.{a}.{k}": s for a in p.ablation.arms for k, s in enumerate(p.ablation_stages(a))}
+    stages |= {f"findings.arms.{a}.stages.{k}": s for a in p.findings.arms for k, s in enumerate(p.findings_stages(a))}
+    out, estimators, losses = [], registry.estimator_names(), registry.policy_loss_names()
+    for where, s in stages.items():
+        if s.algorithm not in estimators:
+            out.append(f"{where}.algorithm = {s.algorithm!r}: no registered advantage estimator; use one of "
+                       f"{', '.join(estimators)} (agentkiln.algos.registry.register_estimator adds one)")
+        if s.policy_loss not in losses:
+            out.append(f"{where}.policy_loss = {s.policy_loss!r}: no registered policy loss; use one of "
+                       f"{', '.join(losses)} (agentkiln.algos.registry.register_policy_loss adds one)")
+        elif not registry.policy_loss(s.policy_loss).token_level and s.loss_agg != "token-mean":
+            out.append(f"{where}: policy_loss {s.policy_loss} has its own sequence-level aggregation; leave "
+                       f"loss_agg ({s.loss_agg!r}) at token-mean")
     return out
 
 

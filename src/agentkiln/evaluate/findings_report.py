@@ -18,7 +18,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
+from agentkiln.stats import bootstrap_mean, paired_difference
 
 DIGITS = 4  # rounding of every number in findings.json: the same runs give the same bytes
 REGENERATE = "python -m flows.findings   # or: agentkiln findings; then --publish copies the summary to docs/"

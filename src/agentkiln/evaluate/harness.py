@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from agentkiln.envs import TaskSpec
-from agentkiln.evaluate.stats import pass_at_k, wilson_interval
+from agentkiln.stats import pass_at_k, wilson_interval
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 

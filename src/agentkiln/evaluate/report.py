@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from agentkiln.artifacts import ArtifactError, MissingArtifactError, rebuild_hint
-from agentkiln.evaluate.stats import wilson_interval
+from agentkiln.stats import wilson_interval
 
 POLICY_ORDER = ("random", "oracle", "sft", "rl", "distilled")
 DECIMALS = 4

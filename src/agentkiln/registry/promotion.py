@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from agentkiln.stats import paired_difference
+
 
 @dataclass(frozen=True)
 class Guard:
@@ -42,8 +44,6 @@ def gate(challenger: list[int] | list[float], champion: list[int] | list[float] 
       2. the paired bootstrap CI of the difference (same panel, same tasks) lies above zero,
       3. no guard metric regresses beyond its tolerance.
     `challenger` and `champion` are per-task outcomes on the same frozen panel, in the same order."""
-    from agentkiln.evaluate.stats import paired_difference
-
     margin = float(margin)
     if margin < 0 or not math.isfinite(margin):
         raise ValueError(f"margin must be a finite number >= 0, got {margin}")

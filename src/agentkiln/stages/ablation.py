@@ -24,7 +24,7 @@ from agentkiln import fanout, paths
 from agentkiln.config import Params, RLParams
 from agentkiln.evaluate.ablation_report import write_ablation_reports
 from agentkiln.evaluate.harness import outcomes, play
-from agentkiln.evaluate.stats import bootstrap_mean, paired_difference
+from agentkiln.stats import bootstrap_mean, paired_difference
 from agentkiln.policy import load_policy
 from agentkiln.stages.evaluate import policy_agent
 from agentkiln.stages.common import load_split

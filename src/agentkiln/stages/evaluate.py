@@ -23,7 +23,7 @@ from agentkiln.evaluate import trajectories
 from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, records, success_rates
 from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
 from agentkiln.evaluate.report import read_curve, write_reports
-from agentkiln.evaluate.stats import compare_paired
+from agentkiln.stats import compare_paired
 from agentkiln.paths import repo_root
 from agentkiln.policy import load_policy
 from agentkiln.policy.model import saved_meta

@@ -25,7 +25,7 @@ from agentkiln.artifacts import ArtifactError, MetricsFile, OutcomesFile, read_j
 from agentkiln.config import EvaluateParams, Params, PromoteParams
 from agentkiln.evaluate.panels import load_manifest, panel_id
 from agentkiln.evaluate.report import DECIMALS
-from agentkiln.evaluate.stats import wilson_interval
+from agentkiln.stats import wilson_interval
 from agentkiln.registry.lineage import lineage_tags
 from agentkiln.registry.lock import registry_lock
 from agentkiln.registry.model_registry import champion, promote, register_candidate
