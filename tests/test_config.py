@@ -99,8 +99,8 @@ def edit(tmp_path, old: str, new: str) -> Path:
     "old, new, expected",
     [
         # no coercion: a bool, a string or a float is not an int
-        ("  epochs: 16\n", "  epochs: true\n", "sft.epochs = True: Input should be a valid integer (got bool"),
-        ("  epochs: 16\n", '  epochs: "3"\n', "sft.epochs = '3': Input should be a valid integer (got str"),
+        ("  epochs: 10\n", "  epochs: true\n", "sft.epochs = True: Input should be a valid integer (got bool"),
+        ("  epochs: 10\n", '  epochs: "3"\n', "sft.epochs = '3': Input should be a valid integer (got str"),
         ("    hidden_size: 128\n", "    hidden_size: 1e6\n", "sft.model.hidden_size = 1000000.0: Input should be a valid integer"),
         ("    main: {init: sft}\n", "    main: {init: sft, ppo_epochs: true}\n", "stages.main.ppo_epochs = True: Input should be a valid integer"),
         ("    temperature: 0.7 ", '    temperature: "0.7" ', "rl.defaults.temperature = '0.7': Input should be a valid number"),
@@ -116,7 +116,7 @@ def edit(tmp_path, old: str, new: str) -> Path:
         ("{n_tasks: 320,", "{n_tasks: 5000,", "synthesize.splits.sft.n_tasks = 5000: Value error, at most 4761 tasks per split"),
         ("\nseed: 0\n", "\nseed: 99999999999\n", "  - seed = 99999999999: Input should be less than or equal to 4294967295"),
         # duplicate keys: YAML keeps the last one silently
-        ("  epochs: 16\n", "  epochs: 16\n  epochs: 3\n", "duplicate key sft.epochs (first at line"),
+        ("  epochs: 10\n", "  epochs: 10\n  epochs: 3\n", "duplicate key sft.epochs (first at line"),
         ("    main: {init: sft}\n", "    main: {init: sft, init: rl/main}\n", "duplicate key rl.stages.main.init"),
         # a model source that is not there fails at load, not later as a hub id
         ("    source: scratch      #", "    source: /nonexistent      #",
@@ -149,8 +149,8 @@ def test_numbers_as_written_still_load(tmp_path):
 
 
 def test_a_duplicate_key_names_both_lines(tmp_path):
-    path = edit(tmp_path, "  epochs: 16\n", "  epochs: 16\n  epochs: 3\n")
-    first = path.read_text().split("\n").index("  epochs: 16") + 1
+    path = edit(tmp_path, "  epochs: 10\n", "  epochs: 10\n  epochs: 3\n")
+    first = path.read_text().split("\n").index("  epochs: 10") + 1
     with pytest.raises(ParamsError) as e:
         load_params(path)
     assert str(e.value) == (f"{path}: line {first + 1}: duplicate key sft.epochs (first at line {first}); "

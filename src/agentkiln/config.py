@@ -398,6 +398,30 @@ def merge_stage(base: dict, override: dict) -> dict:
     return out
 
 
+class AsyncParams(_Strict):
+    """Asynchronous RL (agentkiln.trainers.rl, docs/rl.md "Asynchronous RL"): the next iteration's
+    rollouts play on a snapshot of the weights while this iteration trains, so an episode's policy
+    lags the trainer's by up to `max_staleness` versions; the trainer recomputes each token's log-prob
+    under its own weights before the update (the proximal policy of decoupled PPO) and corrects for
+    the gap between that and the behaviour policy that sampled it."""
+
+    max_staleness: int = Field(0, ge=0, le=1, description="policy versions an episode may lag the trainer "
+                               "(0: synchronous, every iteration plays on the weights it trains; 1: one iteration "
+                               "of rollouts in flight while the trainer updates)")
+    correction: Literal["decoupled", "masked", "none"] = Field(
+        "decoupled", description="decoupled: PPO's ratio against the proximal policy (the trainer's weights "
+        "before the update), each token weighted by min(pi_prox / pi_behaviour, is_cap) (AReaL); masked: the "
+        "same ratio, tokens whose weight is outside [1 / is_cap, is_cap] dropped (masked IS); none: the "
+        "behaviour log-probs as PPO's old log-probs, no weights")
+    is_cap: float = Field(2.0, ge=1, le=1e4, description="the importance weight's cap (decoupled) or band (masked)")
+    worker: Literal["process", "thread"] = Field(
+        "process", description="where the in-process engine plays the next iteration: a rollout process with "
+        "its own copy of the weights and one torch thread (sent in memory each iteration; no GIL shared with "
+        "the trainer), or a thread of the trainer's process (vLLM rollouts always use a thread)")
+    kl_alarm: float = Field(0.05, gt=0, le=100, description="an iteration whose k3 KL(behaviour || trainer) "
+                            "exceeds this is reported (a warning and mismatch/alarm = 1)")
+
+
 class RLParams(_Strict):
     """One RL stage (agentkiln.trainers.rl; docs/rl.md says what each knob does and its default's source)."""
 
@@ -463,9 +487,13 @@ class RLParams(_Strict):
     # rollout/trainer mismatch (vLLM rollouts): the trainer always recomputes the behaviour log-probs
     tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
+    asynchronous: AsyncParams = AsyncParams()
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.asynchronous.max_staleness and self.dynamic_sampling:
+            raise ValueError("asynchronous.max_staleness > 0 with dynamic_sampling: the next iteration's tasks are "
+                             "dealt before this one's groups are known; turn one of them off")
         if any(not (0 <= w < float("inf")) for w in self.mix.values()) or (self.mix and not any(self.mix.values())):
             raise ValueError(f"mix = {self.mix}: weights are finite, >= 0 and not all 0")
         return self
@@ -900,6 +928,9 @@ def _compute_contradictions(p: Params) -> list[str]:
                    "rank 0 plays the rollouts with the in-process engine; use compute.rollout.backend: hf or "
                    "compute.backend: single")
     for name, override in p.rl.stages.items():
+        if p.rl.stage(name).asynchronous.max_staleness:
+            out.append(f"rl.stages.{name}: asynchronous.max_staleness > 0 with compute.backend = 'deepspeed' is not "
+                       "supported yet (rank 0 plays every rollout); use max_staleness: 0 or compute.backend: single")
         algo = p.rl.stage(name).algorithm
         if registry.estimator(algo).needs_critic:
             where = (f"rl.stages.{name}.algorithm = {algo!r}" if "algorithm" in override

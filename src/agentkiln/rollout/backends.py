@@ -2,6 +2,8 @@
 
     hf    agentkiln's KV-cache engine (rollout.agents.PolicyAgent) in the trainer's process: it reads
           the live weights, so there is nothing to sync and its log-probs are the trainer's own.
+          Asynchronous RL plays it on a snapshot of the weights instead (SnapshotRollout), refreshed in
+          memory by `sync`, so it can play while the trainer updates the live model.
     vllm  a vLLM engine in its own environment and process (rollout.vllm_backend): weights are pushed
           to it every iteration (`sync`), and the trainer recomputes the log-probs of what it generated
           (`recompute`): the rollout/trainer mismatch is logged and can be corrected (rl.tis_cap).
@@ -11,6 +13,8 @@ rollout.engine.run_episodes plays them the same way and episodes carry the exact
 """
 
 from __future__ import annotations
+
+import copy
 
 from agentkiln.config import ComputeParams
 from agentkiln.policy.model import Policy
@@ -39,6 +43,24 @@ class HFRollout:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SnapshotRollout(HFRollout):
+    """The in-process engine on its own copy of the weights (asynchronous RL): `sync` copies the
+    trainer's weights into it (in memory), and nothing else changes them, so a worker thread can play
+    on it while the trainer updates the live model. Its log-probs are the behaviour policy's; the
+    trainer recomputes them under its own weights (`recompute`)."""
+    recompute = True
+
+    def __init__(self, policy: Policy):
+        super().__init__(copy.deepcopy(policy))
+        self.policy.model.eval().requires_grad_(False)
+
+    def sync(self, policy: Policy) -> None:
+        self.load(policy.model.state_dict())
+
+    def load(self, weights: dict) -> None:
+        self.policy.model.load_state_dict(weights)
 
 
 def open_rollout(policy: Policy, compute: ComputeParams | None, seed: int = 0, lora: bool = False):

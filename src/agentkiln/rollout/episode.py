@@ -56,6 +56,7 @@ class Episode:
     ids: list[int] = field(default_factory=list)
     prompt_len: int = 0  # len(c_0)
     windows: list[list[int]] = field(default_factory=list)  # [start, stop) in ids; window 0 starts at 0
+    policy_version: int = 0  # the trainer's updates applied to the weights that played it (async RL)
 
     @property
     def truncated(self) -> bool:

@@ -16,6 +16,15 @@ One iteration, top to bottom:
 4. Health metrics (entropy, KL, clip fraction, grad norm, reply length, zero-variance groups,
    success per task type) and, every `checkpoint_every` iterations, a resumable checkpoint.
 
+Every iteration's episodes are played in a worker thread (`InFlight`). Synchronous (the default,
+`asynchronous.max_staleness: 0`), the trainer waits for them. Asynchronous (`max_staleness: 1`), the
+next iteration's tasks are dealt and its episodes played on a snapshot of the weights
+(rollout.backends.SnapshotRollout, or vLLM) while this iteration prepares and updates, so each batch
+comes from the policy one version behind the trainer; `prepare` recomputes its log-probs under the
+trainer's weights (decoupled PPO's proximal policy) and weights or masks tokens by the importance
+ratio (`asynchronous.correction`). Checkpoints hold what is in flight (its tasks and weights), so
+resume is exact in both modes.
+
 `train_rl_ranks` is the same loop on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed):
 rank 0 plays and prepares, every rank gets the batch, `update_ranks` splits each minibatch's rows
 over the ranks with the micro-batch share weighting; the same curve to float rounding
@@ -26,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +51,7 @@ from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora
 from agentkiln.policy.model import Policy
 from agentkiln.rewards import RewardState, needs_potentials, observe_iteration
-from agentkiln.rollout.backends import HFRollout
+from agentkiln.rollout.backends import HFRollout, SnapshotRollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint
@@ -49,13 +60,22 @@ from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 
+def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int) -> list[Episode]:
+    """One round: G episodes per task from the same initial state, on the rollout backend."""
+    agent = rollout.agent(p.temperature, False, seed, p.rollout_batch, p.decoding, p.max_reply_tokens)
+    return run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
+                        potentials=needs_potentials(p.reward))
+
+
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
             budget_left: int | None = None, rollout=None, sampler: TaskSampler | None = None,
-            rewards: RewardState | None = None) -> tuple[list[Episode], list[Episode], dict]:
+            rewards: RewardState | None = None, played_first: list[Episode] | None = None
+            ) -> tuple[list[Episode], list[Episode], dict]:
     """(episodes to train on: `tasks_per_iter` groups, with dynamic sampling only groups whose shaped
     rewards vary; every episode played, for the metrics; stats). Dynamic sampling stops playing
     more rounds once `budget_left` episodes were played. `rollout`: the backend (default: the
-    in-process engine on `policy`); `sampler`: deals the tasks (default: uniform over `pool`)."""
+    in-process engine on `policy`); `sampler`: deals the tasks (default: uniform over `pool`);
+    `played_first`: the first round's episodes, played already (asynchronous RL)."""
     rollout = rollout or HFRollout(policy)
     sampler = sampler or TaskSampler(pool)
     kept: list[Episode] = []
@@ -63,10 +83,10 @@ def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, 
     groups_seen = groups_flat = played = 0
     rounds = p.max_sample_rounds if p.dynamic_sampling else 1
     for r in range(rounds):
-        tasks = sampler.sample(p.tasks_per_iter, rng)
-        agent = rollout.agent(p.temperature, False, seed + r, p.rollout_batch, p.decoding, p.max_reply_tokens)
-        episodes = run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
-                                potentials=needs_potentials(p.reward))
+        if r == 0 and played_first is not None:
+            episodes = played_first
+        else:
+            episodes = play(rollout, sampler.sample(p.tasks_per_iter, rng), tasks_dir, p, seed + r)
         played += len(episodes)
         everything += episodes
         scores = [sum(rs) for rs in shaped_turn_rewards(episodes, p, rewards)]
@@ -97,9 +117,10 @@ def score(policy: Policy, batch: Batch, temperature: float, rows_per_pass: int, 
     a [R, T] column on the CPU."""
     out = torch.zeros(batch.loss_mask.shape)
     off = lora.reference(policy) if base else contextlib.nullcontext()
+    order = by_length(batch)  # passes of rows of like length pad little (as the update's micro-batches)
     with off, policy.autocast():
         for i in range(0, batch.rows, rows_per_pass):
-            rows = list(range(i, min(i + rows_per_pass, batch.rows)))
+            rows = order[i : i + rows_per_pass]
             sub = batch.select(rows)
             lp, _ = token_logprobs(policy.model, sub, temperature, with_entropy=False)
             col = torch.zeros(sub.loss_mask.shape)
@@ -108,17 +129,23 @@ def score(policy: Policy, batch: Batch, temperature: float, rows_per_pass: int, 
     return out
 
 
-def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | None) -> tuple[torch.Tensor, dict]:
+def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | None, masked: bool = False
+                     ) -> tuple[torch.Tensor, dict]:
     """Compare the rollout engine's log-probs (batch.old_logp) with the trainer's recomputation of the
     same tokens: (per-token truncated importance weight min(pi_trainer / pi_rollout, tis_cap), or ones
-    without a cap; health metrics: mean |delta log p|, max, and the k3 KL(rollout || trainer))."""
+    without a cap; `masked`: 1 where the ratio is within [1 / tis_cap, tis_cap], else 0 (masked IS);
+    health metrics: mean |delta log p|, max, and the k3 KL(rollout || trainer))."""
     rollout_lp, train_lp = batch.flat(batch.old_logp), batch.flat(trainer_logp)
     delta = train_lp - rollout_lp
     stats = {"mismatch/abs_logp_diff": float(delta.abs().mean()) if len(delta) else 0.0,
              "mismatch/max_abs_logp_diff": float(delta.abs().max()) if len(delta) else 0.0,
              "mismatch/k3_kl": float((delta.exp() - 1 - delta).mean()) if len(delta) else 0.0}
     weight = torch.ones_like(delta)
-    if tis_cap is not None:
+    if tis_cap is not None and masked:
+        keep = (delta.exp() <= tis_cap) & (delta.exp() >= 1 / tis_cap)
+        weight = keep.float()
+        stats["mismatch/masked_frac"] = float(1 - weight.mean()) if len(weight) else 0.0
+    elif tis_cap is not None:
         weight = delta.exp().clamp(max=tis_cap)
         stats["mismatch/tis_weight_mean"] = float(weight.mean()) if len(weight) else 1.0
         stats["mismatch/tis_clipped_frac"] = float((delta.exp() > tis_cap).float().mean()) if len(delta) else 0.0
@@ -138,10 +165,18 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     micro = p.micro_batch_size or p.minibatch_size
     stats: dict = {}
     tis = None
+    cap = p.tis_cap
     if recompute:
         trainer_logp = score(policy, batch, p.temperature, micro)
-        tis, stats = rollout_mismatch(batch, trainer_logp, p.tis_cap)
-        batch.old_logp = trainer_logp
+        a = p.asynchronous
+        if a.max_staleness:  # the behaviour policy lags the trainer: the chosen off-policy correction
+            cap = None if a.correction == "none" else a.is_cap
+            tis, stats = rollout_mismatch(batch, trainer_logp, cap, masked=a.correction == "masked")
+            stats["mismatch/alarm"] = float(stats["mismatch/k3_kl"] > a.kl_alarm)
+        else:
+            tis, stats = rollout_mismatch(batch, trainer_logp, cap)
+        if not (a.max_staleness and a.correction == "none"):
+            batch.old_logp = trainer_logp  # the proximal policy: PPO's ratio is taken against it
     if p.kl_coef > 0 and (ref is not None or lora.has_lora(policy)):
         batch.ref_logp = score(ref or policy, batch, p.temperature, micro, base=ref is None)
     token_kl = None
@@ -153,7 +188,7 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     else:
         values = None
     batch.advantages, returns = advantages(batch, episodes, p, token_kl, values, rewards)
-    if tis is not None and p.tis_cap is not None:
+    if tis is not None and cap is not None:
         batch.advantages[batch.loss_mask] = batch.flat(batch.advantages) * tis
     if critic is None:
         signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
@@ -296,6 +331,110 @@ def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, p: RL
     return sum(e.won for e in eps) / len(eps)
 
 
+_WORKER: tuple | None = None  # in a rollout process: (its engine, tasks_dir, params)
+
+
+def _worker_init(policy: Policy, tasks_dir: Path, p: RLParams) -> None:
+    """A rollout process's start: its own copy of the policy, one torch thread (the trainer has the rest)."""
+    global _WORKER
+    torch.set_num_threads(1)
+    policy.model.eval().requires_grad_(False)
+    _WORKER = (HFRollout(policy), tasks_dir, p)
+
+
+def _worker_play(weights: dict, tasks: list[TaskSpec], seed: int) -> list[Episode]:
+    rollout, tasks_dir, p = _WORKER
+    rollout.policy.model.load_state_dict(weights)
+    return play(rollout, tasks, tasks_dir, p, seed)
+
+
+class InFlight:
+    """The rollouts of an iteration, in flight: its tasks dealt (on the trainer's thread, from its rng)
+    and its first round of episodes played by a worker.
+
+    `take(it)` returns iteration `it`'s episodes and the policy version that played them (played now,
+    on the current weights, if `it` is not in flight: always when synchronous, and on the first
+    iteration or a resume without a checkpointed flight when asynchronous). With `launch_next`
+    (asynchronous), it then launches `it + 1` on the weights as they are, before this iteration's
+    update, which therefore overlaps those rollouts: one version stale when the trainer takes them.
+    Seeds depend only on the iteration, so a run is deterministic whatever the workers' timing.
+
+    Workers: synchronous, a thread on the live weights (the trainer waits: the same bytes as playing
+    in its own thread). Asynchronous with the in-process engine and `asynchronous.worker: process`, a
+    rollout process holding its own copy of the model, sent the weights (a state dict, in memory) with
+    each launch; with `thread` (or vLLM, a process of its own already), a thread playing on the
+    backend's snapshot (rollout.backends.SnapshotRollout)."""
+
+    def __init__(self, rollout, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int, rng: random.Random,
+                 sampler: TaskSampler, policy: Policy):
+        self.rollout, self.pool, self.tasks_dir, self.p, self.seed = rollout, pool, tasks_dir, p, seed
+        self.rng, self.sampler, self.policy = rng, sampler, policy
+        self.pending: tuple[int, int, list[TaskSpec], Future] | None = None  # iteration, version, tasks, episodes
+        self.weights: dict | None = None  # those the pending flight was launched with (a checkpoint keeps them)
+        self.in_process = bool(p.asynchronous.max_staleness) and p.asynchronous.worker == "process" \
+            and isinstance(rollout, SnapshotRollout)
+        if self.in_process:
+            self.workers = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                               initializer=_worker_init, initargs=(rollout.policy, tasks_dir, p))
+            self.workers.submit(int)  # start it now: it spawns and imports while the first iteration plays here
+            # (the trainer keeps its torch threads: on 2 cores, 1 trainer thread + the rollout's was slower,
+            # 46.4 s vs 43.9 s for the default stage, bench/async_speed.py)
+        else:
+            self.workers = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
+
+    def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
+        if tasks is None:
+            tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
+        seed = self.seed * 100_003 + it * 101
+        if self.p.asynchronous.max_staleness and weights is None:
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
+        self.weights = weights
+        if self.in_process:
+            future = self.workers.submit(_worker_play, weights, tasks, seed)
+        else:
+            if weights is None:
+                self.rollout.sync(self.policy)
+            elif hasattr(self.rollout, "load"):
+                self.rollout.load(weights)
+            else:  # vLLM: it takes weights from a policy
+                self.rollout.sync(self.policy)
+            future = self.workers.submit(play, self.rollout, tasks, self.tasks_dir, self.p, seed)
+        self.pending = (it, version, tasks, future)
+
+    def take(self, it: int, launch_next: bool) -> tuple[list[Episode], int]:
+        if self.in_process and (self.pending is None or self.pending[0] != it):
+            # nothing in flight (the first iteration): played here on the snapshot while the rollout
+            # process starts (spawn and imports take seconds), rather than waiting for it
+            tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
+            self.rollout.sync(self.policy)
+            episodes, version = play(self.rollout, tasks, self.tasks_dir, self.p, self.seed * 100_003 + it * 101), it
+        else:
+            if self.pending is None or self.pending[0] != it:
+                self._launch(it, version=it)
+            _, version, _, future = self.pending
+            episodes = future.result()
+        self.pending = None
+        if launch_next:
+            self._launch(it + 1, version=it)  # the weights before this iteration's update
+        return episodes, version
+
+    def state(self) -> dict | None:
+        """What a checkpoint keeps of the flight: its iteration, version, tasks and weights."""
+        if self.pending is None:
+            return None
+        it, version, tasks, _ = self.pending
+        return {"iteration": it, "version": version, "task_ids": [t.task_id for t in tasks], "weights": self.weights}
+
+    def restore(self, state: dict) -> None:
+        """Relaunch a checkpointed flight: the same tasks on the same weights (exact; vLLM, which takes
+        weights only from the live policy, plays it on the resumed trainer's)."""
+        by_id = {t.task_id: t for t in self.pool}
+        self._launch(state["iteration"], state["version"], [by_id[i] for i in state["task_ids"]], state["weights"])
+
+    def close(self) -> None:
+        self.workers.shutdown(wait=True, cancel_futures=True)
+
+
 def train_rl(
     policy: Policy,
     ref: Policy,
@@ -316,6 +455,8 @@ def train_rl(
     if ref is not None:
         ref.model.eval().requires_grad_(False)
     rollout = rollout or HFRollout(policy)
+    if p.asynchronous.max_staleness and type(rollout) is HFRollout:
+        rollout = SnapshotRollout(policy)  # the live weights change while the next rollouts play
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
     critic = critic_opt = None
     if registry.estimator(p.algorithm).needs_critic:
@@ -344,33 +485,48 @@ def train_rl(
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
-    for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total):
-        if p.episode_budget is not None and played >= p.episode_budget:
-            break
-        rollout.sync(policy)
-        episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
-                                             None if p.episode_budget is None else p.episode_budget - played, rollout,
-                                             sampler, rewards)
-        observe(sampler, everything)
-        reward_row = observe_iteration(rewards, everything, p.reward)
-        played += info["episodes_played"]
-        batch = values = returns = None
-        mismatch: dict = {}
-        if episodes:
-            batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
-        row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
-               **reward_row}
-        if batch is not None and batch.rows:
-            row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
-        history.append(row)
-        if log:
-            log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
-        if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
-            checkpoint.save(ckpt_dir, ckpt_key, {
-                "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
-                "history": history, "critic": critic.state_dict() if critic else None,
-                "critic_opt": critic_opt.state_dict() if critic_opt else None, "sampler": sampler.state_dict(),
-                "rewards": rewards.state_dict()}, rng, gen)
+    flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy)
+    if state is not None and state.get("in_flight"):
+        flight.restore(state["in_flight"])
+    try:
+        for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total):
+            if p.episode_budget is not None and played >= p.episode_budget:
+                break
+            first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
+            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
+                                                 None if p.episode_budget is None else p.episode_budget - played,
+                                                 rollout, sampler, rewards, played_first=first)
+            staleness = it - version  # policy versions between the weights that played and the trainer's
+            if not 0 <= staleness <= p.asynchronous.max_staleness:
+                raise RuntimeError(f"rl: iteration {it + 1} got episodes {staleness} versions stale "
+                                   f"(asynchronous.max_staleness {p.asynchronous.max_staleness})")
+            for ep in everything:
+                ep.policy_version = version
+            observe(sampler, everything)
+            reward_row = observe_iteration(rewards, everything, p.reward)
+            played += info["episodes_played"]
+            batch = values = returns = None
+            mismatch: dict = {}
+            if episodes:
+                batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
+            if mismatch.get("mismatch/alarm"):
+                print(f"rl: iteration {it + 1}: KL(behaviour || trainer) {mismatch['mismatch/k3_kl']:.4f} is above "
+                      f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
+            row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
+                   **reward_row, "async/staleness": staleness}
+            if batch is not None and batch.rows:
+                row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
+            history.append(row)
+            if log:
+                log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
+            if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
+                checkpoint.save(ckpt_dir, ckpt_key, {
+                    "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
+                    "history": history, "critic": critic.state_dict() if critic else None,
+                    "critic_opt": critic_opt.state_dict() if critic_opt else None, "sampler": sampler.state_dict(),
+                    "rewards": rewards.state_dict(), "in_flight": flight.state()}, rng, gen)
+    finally:
+        flight.close()
     return history
 
 
@@ -381,6 +537,9 @@ def check_ranks(p: RLParams, compute) -> None:
         free = ", ".join(n for n in registry.estimator_names() if not registry.estimator(n).needs_critic)
         raise ValueError(f"rl: algorithm = {p.algorithm} with compute.backend = deepspeed: the critic is not trained "
                          f"on ranks; use a critic-free algorithm ({free}) or backend single")
+    if p.asynchronous.max_staleness:
+        raise ValueError("rl: asynchronous.max_staleness > 0 with compute.backend = deepspeed is not supported yet: "
+                         "rank 0 plays every rollout; use max_staleness 0 or backend single")
     if compute.deepspeed.zero_stage == 3:
         raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: rank 0 plays the "
                          "rollouts on its own whole copy of the weights, which ZeRO-3 shards; use zero_stage 2")
