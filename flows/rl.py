@@ -28,7 +28,8 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
             publish(f"rl-{name}", metrics)
 
         with stage_context(f"rl-{name}", params, params.rl.stage(name).model_dump()):
-            metrics = rl_task(params, name, paths.TASKS, log=tracking.log_metrics, outputs=outputs, **dirs)
+            metrics = rl_task(params, name, paths.TASKS, log=tracking.log_metrics, log_episodes=tracking.log_episodes,
+                              outputs=outputs, **dirs)
         print(f"RL stage {name} ({metrics['algorithm']}): pool success "
               f"{metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")
         results[name] = metrics

@@ -19,7 +19,7 @@ def test_arms_must_share_the_rollout_budget(tmp_path):
     with pytest.raises(ParamsError, match="rollout budgets differ"):
         load_params(path)
     path = write(tmp_path, lambda r: r["ablation"]["arms"].update(bad=[{"algorithm": "sarsa"}]))
-    with pytest.raises(ParamsError, match="ablation.arms.bad: algorithm"):
+    with pytest.raises(ParamsError, match="ablation.arms.bad.0.algorithm = .sarsa.: no registered advantage estimator"):
         load_params(path)
 
 

@@ -97,3 +97,21 @@ def test_async_settings_that_cannot_work_are_refused():
         RLParams(dynamic_sampling=True, asynchronous={"max_staleness": 1})
     with pytest.raises(ValueError, match="less than or equal to 1"):
         RLParams(asynchronous={"max_staleness": 2})
+
+
+def test_each_iteration_logs_a_sample_of_what_the_trainer_saw(lake_pool, texts):
+    logged = []
+    p = params(1, log_episodes=2).model_copy(update={"asynchronous": params(1).asynchronous.model_copy(
+        update={"correction": "none"})})  # no importance weights: an episode's tokens share its advantage
+    hist, _ = run(texts, lake_pool, p, log_episodes=lambda it, eps: logged.append((it, eps)))
+    assert [it for it, _ in logged] == [1, 2, 3, 4] and all(len(eps) == 2 for _, eps in logged)
+    for it, eps in logged:
+        assert len({e["group"] for e in eps}) == 2  # one episode per group
+        for e in eps:
+            assert e["policy_version"] == (0 if it == 1 else it - 2)  # one version behind, the first on time
+            assert e["turns"] and all(t["advantage"] is not None and t["trainer_logp"] is not None for t in e["turns"])
+            # the advantage of an episode-level estimator (grpo) is the same on every turn of an episode
+            assert len({round(t["advantage"], 5) for t in e["turns"]}) == 1
+            assert all(t["behaviour_logp"] <= 0 and t["tokens"] > 0 for t in e["turns"])
+    # a won episode has its group's highest reward: its advantage is never negative
+    assert all(e["turns"][0]["advantage"] >= 0 for _, eps in logged for e in eps if e["won"])

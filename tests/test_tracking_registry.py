@@ -3,6 +3,7 @@ parent/child runs across processes, candidate registration, aliases, lineage tag
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -216,6 +217,17 @@ def test_pipeline_run_children_in_process_and_in_a_subprocess(store):
     assert sft.tags["seed"] == "0"
     assert by_name["evaluate"].data.metrics == {"success": 0.25}
     assert by_name["evaluate"].data.params == {"max_turns": "5"}
+
+
+def test_rl_episodes_are_logged_as_one_artifact_per_iteration(store, tmp_path):
+    sample = [{"task_id": "t", "won": True, "policy_version": 2, "turns": [{"reply": "down", "advantage": 0.5}]}]
+    tracking.log_episodes(3, sample)  # no active run: nothing, no error
+    with tracking.stage_run("rl-main") as run:
+        tracking.log_episodes(3, sample)
+        tracking.log_episodes(4, [])  # an iteration without episodes writes nothing
+    got = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="episodes", dst_path=str(tmp_path))
+    assert sorted(os.listdir(got)) == ["iteration_0003.json"]
+    assert json.loads((Path(got) / "iteration_0003.json").read_text()) == {"iteration": 3, "episodes": sample}
 
 
 def test_parent_env_restored_to_previous_value(store, monkeypatch):

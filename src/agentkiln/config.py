@@ -488,6 +488,8 @@ class RLParams(_Strict):
     tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
     asynchronous: AsyncParams = AsyncParams()
+    log_episodes: int = Field(4, ge=0, le=4096, description="episodes per iteration logged to MLflow as "
+                              "episodes/iteration_NNNN.json (turns, rewards, advantages, log-probs, policy version); 0: none")
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -213,6 +213,13 @@ def log_metrics(metrics: Mapping, step: int | None = None) -> None:
         mlflow.log_metrics(numeric, step=step)
 
 
+def log_episodes(iteration: int, episodes: list[dict]) -> None:
+    """An RL iteration's sample of episodes (trainers.episode_log) as the run's artifact
+    episodes/iteration_NNNN.json; nothing when no run is active."""
+    if mlflow.active_run() is not None and episodes:
+        mlflow.log_dict({"iteration": iteration, "episodes": episodes}, f"episodes/iteration_{iteration:04d}.json")
+
+
 def log_artifact(path: str | Path) -> None:
     """Attach a file (a curve, a report) to the active run; nothing when no run is active."""
     if mlflow.active_run() is not None and Path(path).is_file():

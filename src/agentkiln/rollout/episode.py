@@ -35,6 +35,8 @@ class Turn:
     logprobs: list[float] = field(default_factory=list)  # behaviour log-prob of every reply token
     entropy: list[float] = field(default_factory=list)
     allowed: list[list[int]] | None = None  # constrained decoding: the ids allowed at each reply token
+    advantage: float | None = None  # RL: the mean advantage its reply tokens were trained with
+    trainer_logp: float | None = None  # RL: its reply's log-prob recomputed by the trainer (vLLM, async)
 
     @property
     def n_tokens(self) -> int:

@@ -39,7 +39,8 @@ def write_curve(history: list[dict], curve_csv: Path) -> None:
 
 @fanout.in_session
 def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
-           ckpt_dir: Path | None = None, log=None, outputs: Callable[[dict], object] | None = None) -> dict:
+           ckpt_dir: Path | None = None, log=None, outputs: Callable[[dict], object] | None = None,
+           log_episodes=None) -> dict:
     """Train RL stage `stage`; save its model to `out_dir` and its curve to `reports_dir`; its metrics.
     `outputs(metrics)` writes the stage's other outputs (the flow's reports and MLflow logging) before
     the checkpoint is removed (checkpoint.finish)."""
@@ -69,7 +70,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
     else:
         with open_rollout(policy, params.compute, seed=params.seed, lora=p.lora.enabled) as rollout:
             history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir,
-                               ckpt_key=key, rollout=rollout)
+                               ckpt_key=key, rollout=rollout, log_episodes=log_episodes)
         after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
         merged = None
         if lora.has_lora(policy):

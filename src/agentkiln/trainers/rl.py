@@ -54,7 +54,7 @@ from agentkiln.rewards import RewardState, needs_potentials, observe_iteration
 from agentkiln.rollout.backends import HFRollout, SnapshotRollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
-from agentkiln.trainers import checkpoint
+from agentkiln.trainers import checkpoint, episode_log
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
@@ -190,6 +190,7 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     batch.advantages, returns = advantages(batch, episodes, p, token_kl, values, rewards)
     if tis is not None and cap is not None:
         batch.advantages[batch.loss_mask] = batch.flat(batch.advantages) * tis
+    episode_log.annotate(batch, episodes, trainer_logp if recompute else None)
     if critic is None:
         signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
         batch = batch.select(signal.nonzero().squeeze(-1))
@@ -446,11 +447,13 @@ def train_rl(
     ckpt_dir: Path | None = None,
     ckpt_key: str = "",
     rollout=None,
+    log_episodes: Callable[[int, list[dict]], None] | None = None,
 ) -> list[dict]:
     """Train `policy` in place on `pool`; `ref` (the stage's starting policy; None with LoRA: the
     policy with its adapters off) stays frozen. `rollout`: the backend (rollout.backends; default the
     in-process engine), synced with the weights before every iteration's rollouts. With `ckpt_dir`,
-    resumes from a checkpoint of the same run (`ckpt_key`) and writes new ones. Returns
+    resumes from a checkpoint of the same run (`ckpt_key`) and writes new ones. `log_episodes(it,
+    sample)` gets `p.log_episodes` of each iteration's trained episodes (trainers.episode_log). Returns
     per-iteration metrics."""
     if ref is not None:
         ref.model.eval().requires_grad_(False)
@@ -514,6 +517,8 @@ def train_rl(
                       f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
             row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
                    **reward_row, "async/staleness": staleness}
+            if log_episodes and p.log_episodes and episodes:
+                log_episodes(it + 1, episode_log.sample(episodes, p.log_episodes))
             if batch is not None and batch.rows:
                 row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
             history.append(row)

@@ -1,0 +1,49 @@
+"""What the trainer saw: a sample of an RL iteration's episodes as plain data (an MLflow artifact per
+iteration, tracking.log_episodes), turn by turn: the observation, the reply and the action it parsed
+to, the turn's reward, its advantage (mean over the reply's tokens, as trained), the behaviour
+log-prob of the reply (the engine that sampled it) and the trainer's (recomputed under its weights,
+when it was: vLLM or asynchronous rollouts), and the policy version that played the episode."""
+
+from __future__ import annotations
+
+import torch
+
+from agentkiln.rollout.episode import Episode
+from agentkiln.trainers.batch import Batch
+
+
+def annotate(batch: Batch, episodes: list[Episode], trainer_logp: torch.Tensor | None = None) -> None:
+    """Write each turn's mean token advantage (and summed recomputed log-prob) onto the episode's turns."""
+    tok_turn = batch.flat(batch.turn_index)
+    n = len(batch.turns)
+    counts = torch.zeros(n).index_add(0, tok_turn, torch.ones(len(tok_turn)))
+    adv = torch.zeros(n).index_add(0, tok_turn, batch.flat(batch.advantages).float()) / counts.clamp(min=1)
+    lp = None if trainer_logp is None else torch.zeros(n).index_add(0, tok_turn, batch.flat(trainer_logp).float())
+    for i, (e, k) in enumerate(batch.turns):
+        turn = episodes[e].turns[k]
+        turn.advantage = float(adv[i])
+        if lp is not None:
+            turn.trainer_logp = float(lp[i])
+
+
+def sample(episodes: list[Episode], k: int) -> list[dict]:
+    """The first episode of each of the first `k` groups (deterministic), as plain data."""
+    seen, out = set(), []
+    for ep in episodes:
+        if ep.group in seen:
+            continue
+        seen.add(ep.group)
+        out.append(record(ep))
+        if len(out) >= k:
+            break
+    return out
+
+
+def record(ep: Episode) -> dict:
+    return {"task_id": ep.task_id, "family": ep.family, "task_type": ep.task_type, "group": ep.group, "won": ep.won,
+            "reward": ep.reward, "policy_version": ep.policy_version, "turns": [
+                {"observation": t.observation, "reply": t.reply, "action": t.action, "reward": t.reward,
+                 "invalid": t.invalid, "tokens": t.n_tokens, "advantage": t.advantage,
+                 "behaviour_logp": round(sum(t.logprobs), 6),
+                 "trainer_logp": None if t.trainer_logp is None else round(t.trainer_logp, 6)}
+                for t in ep.turns]}
