@@ -637,7 +637,7 @@ def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec
             if episodes:
                 batch, _, _, mismatch = prepare(policy, ref, None, episodes, p, rollout.recompute, rewards)
             row = {"iteration": it + 1, "episodes": played + info["episodes_played"], **info,
-                   **episode_metrics(everything, batch), **mismatch, **reward_row}
+                   **episode_metrics(everything, batch), **mismatch, **reward_row, "async/staleness": 0}
             msg = [(batch, row)]
         torch.distributed.broadcast_object_list(msg, src=0)
         batch, row = msg[0]
