@@ -44,26 +44,25 @@ _loaded = False
 
 def register_estimator(name: str, *, needs_critic: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: `fn(credit, p)` becomes the advantage estimator `name` (rl.algorithm)."""
-    def deco(fn: Callable) -> Callable:
-        _claim(name, _ESTIMATORS, fn)
-        _ESTIMATORS[name] = Estimator(name, fn, needs_critic)
-        return fn
-    return deco
+    return _register(_ESTIMATORS, name, lambda fn: Estimator(name, fn, needs_critic))
 
 
 def register_policy_loss(name: str, *, token_level: bool = True) -> Callable[[Callable], Callable]:
     """Decorator: `fn(logp, old_logp, advantages, seq_ids, p)` becomes the policy loss `name` (rl.policy_loss)."""
+    return _register(_LOSSES, name, lambda fn: PolicyLoss(name, fn, token_level))
+
+
+def _register(table: dict, name: str, entry: Callable) -> Callable[[Callable], Callable]:
+    """A decorator that files `entry(fn)` under `name`; a name another function holds is refused (the
+    same function again, e.g. its module re-imported, is not)."""
     def deco(fn: Callable) -> Callable:
-        _claim(name, _LOSSES, fn)
-        _LOSSES[name] = PolicyLoss(name, fn, token_level)
+        old = table.get(name)
+        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"{name!r} is registered already (by {old.fn.__module__}.{old.fn.__qualname__}): "
+                             "choose another name")
+        table[name] = entry(fn)
         return fn
     return deco
-
-
-def _claim(name: str, table: dict, fn: Callable) -> None:
-    old = table.get(name)
-    if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
-        raise ValueError(f"{name!r} is registered already (by {old.fn.__module__}.{old.fn.__qualname__}): choose another name")
 
 
 def _builtins() -> None:

@@ -60,6 +60,11 @@ from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 
+def iteration_seed(seed: int, it: int) -> int:
+    """The seed of iteration `it`'s rollouts: the same whoever plays them and whenever."""
+    return seed * 100_003 + it * 101
+
+
 def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int) -> list[Episode]:
     """One round: G episodes per task from the same initial state, on the rollout backend."""
     agent = rollout.agent(p.temperature, False, seed, p.rollout_batch, p.decoding, p.max_reply_tokens)
@@ -386,7 +391,7 @@ class InFlight:
     def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
         if tasks is None:
             tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
-        seed = self.seed * 100_003 + it * 101
+        seed = iteration_seed(self.seed, it)
         if self.p.asynchronous.max_staleness and weights is None:
             weights = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
         self.weights = weights
@@ -408,7 +413,7 @@ class InFlight:
             # process starts (spawn and imports take seconds), rather than waiting for it
             tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
             self.rollout.sync(self.policy)
-            episodes, version = play(self.rollout, tasks, self.tasks_dir, self.p, self.seed * 100_003 + it * 101), it
+            episodes, version = play(self.rollout, tasks, self.tasks_dir, self.p, iteration_seed(self.seed, it)), it
         else:
             if self.pending is None or self.pending[0] != it:
                 self._launch(it, version=it)
@@ -496,7 +501,7 @@ def train_rl(
             if p.episode_budget is not None and played >= p.episode_budget:
                 break
             first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
-            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
+            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
                                                  None if p.episode_budget is None else p.episode_budget - played,
                                                  rollout, sampler, rewards, played_first=first)
             staleness = it - version  # policy versions between the weights that played and the trainer's
@@ -627,7 +632,7 @@ def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec
         msg: list = [None]
         if rank.main:
             rollout.sync(policy)
-            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, seed * 100_003 + it * 101,
+            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
                                                  None if p.episode_budget is None else p.episode_budget - played,
                                                  rollout, sampler, rewards)
             observe(sampler, everything)
