@@ -32,7 +32,8 @@ import torch
 from agentkiln import paths
 from agentkiln.config import load_params
 from agentkiln.policy import load_policy
-from agentkiln.stages.common import load_split, seed_everything
+from agentkiln.seeding import seed_everything
+from agentkiln.stages.common import load_split
 from agentkiln.trainers import rl as trainer
 
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from agentkiln import paths
 from agentkiln.config import load_params
 from agentkiln.evaluate.harness import outcomes, panel_summary, play
-from agentkiln.evaluate.panels import load_panel, panel_id
+from agentkiln.panels import load_panel, panel_id
 from agentkiln.stats import compare_paired
 from agentkiln.policy import load_policy
-from agentkiln.stages.common import seed_everything
+from agentkiln.seeding import seed_everything
 from agentkiln.stages.distill import run_distill
-from agentkiln.stages.evaluate import greedy_agent, task_levels
+from agentkiln.evaluate.agents import greedy_agent, task_levels
 
 MODES = ("trajectory", "forward-kl", "on-policy")
 

@@ -33,7 +33,8 @@ from agentkiln.envs.base import Env
 from agentkiln.policy import load_policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
-from agentkiln.stages.common import load_split, seed_everything
+from agentkiln.seeding import seed_everything
+from agentkiln.stages.common import load_split
 
 
 class EnvClock:

@@ -23,7 +23,7 @@ import flows
 from agentkiln import tracking
 from agentkiln.config import Params, ParamsError, load_params
 from agentkiln.errors import UserError
-from agentkiln.stages.common import seed_everything
+from agentkiln.seeding import seed_everything
 
 
 # The pipeline's flow run id, exported to the stage processes DVC starts: a stage's flow run then

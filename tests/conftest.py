@@ -269,7 +269,7 @@ def ablation_repo(root):
     import dataclasses
     import json
 
-    from agentkiln.evaluate.panels import seal
+    from agentkiln.panels import seal
     from agentkiln.policy import save_policy
     from agentkiln.synthesis.generate import env_version, generate
 

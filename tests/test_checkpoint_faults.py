@@ -60,7 +60,7 @@ def fill(where: Path) -> None:
 def root(tmp_path_factory):
     """Tiny frozenlake splits, the tiny params of the kill/resume tests, and an uninterrupted SFT run
     (its model, metrics and weights: what the interrupted run must end with)."""
-    from agentkiln.stages.common import seed_everything
+    from agentkiln.seeding import seed_everything
     from agentkiln.stages.sft import run_sft
 
     root = tmp_path_factory.mktemp("faults")
@@ -76,7 +76,7 @@ def root(tmp_path_factory):
 
 def load(root: Path):
     from agentkiln.config import load_params
-    from agentkiln.stages.common import seed_everything
+    from agentkiln.seeding import seed_everything
 
     params = load_params(root / "params.yaml")
     seed_everything(params.seed, params.torch_threads)  # as the flow seeds a stage

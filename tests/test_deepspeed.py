@@ -50,7 +50,7 @@ import sys
 from pathlib import Path
 from agentkiln import lifecycle
 from agentkiln.config import load_params
-from agentkiln.stages.common import seed_everything
+from agentkiln.seeding import seed_everything
 from agentkiln.stages.sft import run_sft
 lifecycle.handle_signals()  # as a flow does: SIGTERM raises Terminated in the main thread
 root, params_file = Path(sys.argv[1]), sys.argv[2]
@@ -76,7 +76,7 @@ def ds_params(port: int, **over):
 
 
 def sft(params, root: Path, out: Path, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
-    from agentkiln.stages.common import seed_everything
+    from agentkiln.seeding import seed_everything
     from agentkiln.stages.sft import run_sft
 
     rows = []
@@ -253,7 +253,7 @@ FLOOR = 1e-2
 
 
 def rl(params, root: Path, out: Path, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
-    from agentkiln.stages.common import seed_everything
+    from agentkiln.seeding import seed_everything
     from agentkiln.stages.rl import run_rl
 
     rows = []
@@ -318,7 +318,8 @@ def test_rl_ranks_resume_from_rank0s_checkpoint_onto_the_single_process_curve(wo
     after iteration 1 (weights, optimizer shards, task sampler, minibatch generator) and end on the
     single process's curve."""
     from agentkiln.policy import load_policy
-    from agentkiln.stages.common import load_split, seed_everything
+    from agentkiln.seeding import seed_everything
+    from agentkiln.stages.common import load_split
     from agentkiln.trainers import distributed
     from agentkiln.trainers.rl import rl_rank, train_rl
     from tests.conftest import params_with

@@ -11,7 +11,7 @@ import pytest
 
 from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
 from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play
-from agentkiln.evaluate.panels import seal
+from agentkiln.panels import seal
 from agentkiln.stats import compare_paired, pass_at_k
 from agentkiln.synthesis.generate import env_version, generate
 

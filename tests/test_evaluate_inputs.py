@@ -21,7 +21,7 @@ EVAL = {"evaluate": {"policies": ["random", "oracle", "sft"], "compare": [["sft"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny test panel, a saved (untrained) sft policy, and an RL curve as the RL stage writes it."""
-    from agentkiln.evaluate.panels import load_panel
+    from agentkiln.panels import load_panel
     from agentkiln.policy import save_policy
     from agentkiln.stages.rl import write_curve
 

@@ -15,7 +15,7 @@ import pytest
 
 from agentkiln.artifacts import ArtifactError
 from agentkiln.envs import make
-from agentkiln.evaluate.panels import load_panel, manifest_path
+from agentkiln.panels import load_panel, manifest_path
 from agentkiln.synthesis.generate import play_expert
 from tests.conftest import params_with, tiny_dataset
 

@@ -1,4 +1,4 @@
-"""Every family is a gymnasium environment (agentkiln.envs.gym_adapter): registered as
+"""Every family is a gymnasium environment (agentkiln.synthesis.gym_adapter): registered as
 `agentkiln/<family>-v0`, passing gymnasium's own check_env, reproducible by reset(seed=...),
 telling terminated (the task ended) from truncated (the turn limit ran out)."""
 
@@ -11,7 +11,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from agentkiln.envs import FAMILIES, gym_id
-from agentkiln.envs.gym_adapter import MAX_SEED
+from agentkiln.synthesis.gym_adapter import MAX_SEED
 from agentkiln.synthesis import generate
 
 FAMILY_NAMES = sorted(FAMILIES)

@@ -41,7 +41,7 @@ RUNNER = """
 import json, sys
 from pathlib import Path
 from agentkiln.config import load_params
-from agentkiln.stages.common import seed_everything
+from agentkiln.seeding import seed_everything
 stage, root, params_file = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 params = load_params(params_file)
 seed_everything(params.seed, params.torch_threads)
@@ -63,7 +63,7 @@ print("FINISHED", json.dumps(m))
 def run_stage(stage: str, root: Path, out: Path, ckpt: Path | None, params_file: Path | None = None) -> dict:
     """The stage in this process (seeded as the flow seeds it), writing its model to `out`."""
     from agentkiln.config import load_params
-    from agentkiln.stages.common import seed_everything
+    from agentkiln.seeding import seed_everything
 
     params = load_params(params_file or root / "params.yaml")
     seed_everything(params.seed, params.torch_threads)

@@ -13,7 +13,7 @@ import pytest
 
 from agentkiln import tracking
 from agentkiln.artifacts import ArtifactError
-from agentkiln.evaluate.panels import seal
+from agentkiln.panels import seal
 from agentkiln.stats import wilson_interval
 from agentkiln.policy import save_policy
 from agentkiln.stages.promote import run_promote
@@ -145,7 +145,7 @@ def test_outcomes_that_cannot_back_the_metrics_register_nothing(world, tmp_path,
 def test_the_reports_evaluate_writes_pass_and_are_what_is_registered(world, tmp_path):
     """No false refusal: metrics.json and outcomes.json as the evaluate stage writes them (rounded
     figures, baselines, an ood panel) agree, and the registered score is the one evaluate reported."""
-    from agentkiln.evaluate.panels import load_panel
+    from agentkiln.panels import load_panel
     from agentkiln.stages.evaluate import run_evaluate
 
     lake = {"frozenlake_easy": 1.0}

@@ -15,7 +15,8 @@ from agentkiln.rollout.episode import Episode, Turn
 from agentkiln.schemas import load_expert_trajectories
 from agentkiln.stages.sft import corpus, run_sft
 from agentkiln.stages.sft_data import mixture, used_variants
-from agentkiln.stages.common import expert_episodes, seed_everything
+from agentkiln.seeding import seed_everything
+from agentkiln.stages.common import expert_episodes
 
 from tests.conftest import params_with, tiny_dataset
 

@@ -284,7 +284,7 @@ def test_unwinnable_tasks_are_retried_then_fail_clearly(tmp_path, monkeypatch):
 def test_a_panel_from_other_environment_code_is_refused(runs, tmp_path):
     import shutil
 
-    from agentkiln.evaluate.panels import seal
+    from agentkiln.panels import seal
     from agentkiln.stages.common import load_split
 
     (root, _), _ = runs
@@ -305,7 +305,7 @@ def test_a_tampered_panel_is_refused(runs, tmp_path):
     is refused before the panel is played; restoring the bytes makes it valid again."""
     import shutil
 
-    from agentkiln.evaluate.panels import load_manifest, panel_id
+    from agentkiln.panels import load_manifest, panel_id
     from agentkiln.stages.common import load_split
 
     (root, _), _ = runs

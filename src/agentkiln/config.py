@@ -19,8 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from agentkiln.algos import registry
-from agentkiln.envs import FAMILIES
 from agentkiln.errors import UserError
+from agentkiln.families import FAMILIES, MAX_RETRIES, SEED_STRIDE, resolve  # a leaf: the generators load lazily
 
 PARAMS_FILE = "params.yaml"
 
@@ -130,14 +130,10 @@ class TaskType(_Strict):
 
     @model_validator(mode="after")
     def _resolve(self):
-        from agentkiln.synthesis.generate import resolve  # imports only this family's generator
-
         resolve(self.family, self.level, **self.knobs)  # ValueError names the family, knob and value
         return self
 
     def resolved(self) -> dict:
-        from agentkiln.synthesis.generate import resolve
-
         return resolve(self.family, self.level, **self.knobs)
 
 
@@ -149,8 +145,6 @@ class Split(_Strict):
     @field_validator("n_tasks")
     @classmethod
     def _seed_range(cls, n: int) -> int:
-        from agentkiln.synthesis.generate import MAX_RETRIES, SEED_STRIDE
-
         if n * (MAX_RETRIES + 1) > SEED_STRIDE:
             raise ValueError(f"at most {SEED_STRIDE // (MAX_RETRIES + 1)} tasks per split (the split's seed range)")
         return n

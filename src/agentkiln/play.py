@@ -10,11 +10,11 @@ from collections.abc import Callable
 from agentkiln import paths
 from agentkiln.config import ParamsError, load_params
 from agentkiln.envs import FAMILIES
-from agentkiln.evaluate.panels import load_panel
+from agentkiln.panels import load_panel
 from agentkiln.evaluate.sources import resolve_policy
 from agentkiln.rollout.engine import run_episodes
-from agentkiln.stages.common import seed_everything
-from agentkiln.stages.evaluate import greedy_agent
+from agentkiln.seeding import seed_everything
+from agentkiln.evaluate.agents import greedy_agent
 from agentkiln.synthesis import generate
 
 

@@ -2,7 +2,8 @@
 
 Family modules are imported on first use, so using one family never imports another's libraries.
 Importing this package registers every family with gymnasium as `agentkiln/<family>-v0`
-(agentkiln.envs.gym_adapter, imported by gymnasium.make only).
+(agentkiln.synthesis.gym_adapter, imported by gymnasium.make only: its `reset(seed)` synthesizes
+the task).
 """
 
 from __future__ import annotations
@@ -13,18 +14,7 @@ from pathlib import Path
 import gymnasium
 
 from agentkiln.envs.base import DEFAULT_MAX_TURNS, Env, Observation, StepResult, TaskSpec
-
-# family name -> "module:class" of its environment
-FAMILIES: dict[str, str] = {
-    "textworld": "agentkiln.envs.textworld_env:TextWorldEnv",
-    "sokoban": "agentkiln.envs.sokoban:SokobanEnv",
-    "gym-toytext": "agentkiln.envs.toytext:ToyTextEnv",
-    "shop": "agentkiln.envs.shop:ShopEnv",
-    "search-qa": "agentkiln.envs.search_qa:SearchQAEnv",
-    "sql": "agentkiln.envs.sql:SQLEnv",
-    "python-tool": "agentkiln.envs.python_tool:PythonToolEnv",
-}
-
+from agentkiln.families import FAMILIES  # family name -> "module:class" of its environment
 
 def env_class(family: str) -> type[Env]:
     if family not in FAMILIES:
@@ -49,7 +39,7 @@ def gym_id(family: str) -> str:
 
 for _family in FAMILIES:  # by entry-point string: the adapter is imported on the first gymnasium.make
     if gym_id(_family) not in gymnasium.registry:
-        gymnasium.register(gym_id(_family), entry_point="agentkiln.envs.gym_adapter:AgentkilnEnv",
+        gymnasium.register(gym_id(_family), entry_point="agentkiln.synthesis.gym_adapter:AgentkilnEnv",
                            kwargs={"family": _family})
 
 

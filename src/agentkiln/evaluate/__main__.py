@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentkiln.config import ParamsError, load_params
     from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, records, success_rates
-    from agentkiln.evaluate.panels import load_panel, panel_id
+    from agentkiln.panels import load_panel, panel_id
     from agentkiln.evaluate.report import comparison_table, efficiency_table, family_table, markdown_table, pass_k_table
     from agentkiln.stats import compare_paired
     from agentkiln.rollout.engine import run_episodes
-    from agentkiln.stages.common import seed_everything
-    from agentkiln.stages.evaluate import greedy_agent, pass_k_ks, policy_agent, task_levels
+    from agentkiln.seeding import seed_everything
+    from agentkiln.evaluate.agents import greedy_agent, pass_k_ks, policy_agent, task_levels
 
     try:
         params = load_params(args.params)

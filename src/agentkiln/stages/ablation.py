@@ -26,7 +26,7 @@ from agentkiln.evaluate.ablation_report import write_ablation_reports
 from agentkiln.evaluate.harness import outcomes, play
 from agentkiln.stats import bootstrap_mean, paired_difference
 from agentkiln.policy import load_policy
-from agentkiln.stages.evaluate import policy_agent
+from agentkiln.evaluate.agents import policy_agent
 from agentkiln.stages.common import load_split
 from agentkiln.trainers.rl import train_rl
 

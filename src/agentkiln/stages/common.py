@@ -1,32 +1,12 @@
-"""Helpers every stage uses: seeding, reading split manifests, expert demonstrations as episodes."""
+"""Helpers every stage uses: reading split manifests, expert demonstrations as episodes."""
 
 from __future__ import annotations
 
 import json
-import os
-import random
 
-import numpy as np
-import torch
-
-from agentkiln.evaluate.panels import load_panel as load_split  # noqa: F401  (re-exported)
-from agentkiln.evaluate.panels import split_exists  # noqa: F401
+from agentkiln.panels import load_panel as load_split  # noqa: F401  (re-exported)
+from agentkiln.panels import split_exists  # noqa: F401
 from agentkiln.rollout.episode import Episode, Turn
-
-
-def seed_everything(seed: int, threads: int) -> None:
-    """Same params + seed => same metrics on the same machine (CPU kernels are deterministic at a
-    fixed thread count). On CUDA, cuBLAS gets the workspace setting its deterministic mode needs and
-    an op with no deterministic kernel warns instead of stopping the run (docs/scale.md)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.set_num_threads(threads)
-    if torch.cuda.is_available():
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    else:
-        torch.use_deterministic_algorithms(True)
 
 
 def expert_episodes(df) -> list[Episode]:

@@ -18,49 +18,20 @@ from pathlib import Path
 from agentkiln import fanout
 from agentkiln.artifacts import MissingArtifactError, rebuild_hint
 from agentkiln.config import Params
-from agentkiln.evaluate.baselines import OracleAgent, RandomAgent
 from agentkiln.evaluate import trajectories
+from agentkiln.evaluate.agents import greedy_agent, pass_k_ks, policy_agent, task_levels
 from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, records, success_rates
-from agentkiln.evaluate.panels import load_panel, panel_id, split_exists
+from agentkiln.panels import load_panel, panel_id, split_exists
 from agentkiln.evaluate.report import read_curve, write_reports
 from agentkiln.stats import compare_paired
 from agentkiln.paths import repo_root
 from agentkiln.policy import load_policy
 from agentkiln.policy.model import saved_meta
 from agentkiln.registry import lineage
-from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 
 PANELS = ("test", "ood")
 BASELINES = ("random", "oracle")  # played without a model
-
-
-def task_levels(params: Params) -> dict[str, str]:
-    """task type -> difficulty level (easy / medium / hard), for the per-difficulty breakdown."""
-    return {name: t.level for name, t in params.synthesize.task_types.items()}
-
-
-def greedy_agent(name: str, policy, params: Params):
-    p = params.evaluate
-    if name == "random":
-        return RandomAgent(seed=p.seed)
-    if name == "oracle":
-        return OracleAgent()
-    return policy_agent(policy, p, greedy=True)
-
-
-def policy_agent(policy, p, greedy: bool = False, temperature: float = 1.0, seed: int = 0) -> PolicyAgent:
-    """The agent that plays a policy on a panel, with the evaluate section's decoding settings."""
-    return PolicyAgent(policy, temperature=temperature, greedy=greedy, seed=seed, batch_size=p.batch_size,
-                       decoding=p.decoding, max_reply_tokens=p.max_reply_tokens)
-
-
-def pass_k_ks(samples: int) -> list[int]:
-    ks, k = [], 1
-    while k <= samples:
-        ks.append(k)
-        k *= 2
-    return ks + ([samples] if ks[-1] != samples else [])
 
 
 def paired_comparisons(p, per_task: dict[str, dict[str, dict[str, int]]], sampled: dict[str, dict[str, float]],

@@ -30,7 +30,8 @@ from agentkiln.evaluate.findings_report import summarize, write_reports
 from agentkiln.policy import load_policy
 from agentkiln.policy.model import MANIFEST_FILE, Policy, place
 from agentkiln.stages.ablation import play_panel, train_stages
-from agentkiln.stages.common import load_split, seed_everything
+from agentkiln.seeding import seed_everything
+from agentkiln.stages.common import load_split
 from agentkiln.stages.sft import run_sft
 from agentkiln.trainers.checkpoint import fingerprint
 

@@ -23,7 +23,7 @@ import mlflow
 from agentkiln import paths
 from agentkiln.artifacts import ArtifactError, MetricsFile, OutcomesFile, read_json
 from agentkiln.config import EvaluateParams, Params, PromoteParams
-from agentkiln.evaluate.panels import load_manifest, panel_id
+from agentkiln.panels import load_manifest, panel_id
 from agentkiln.evaluate.report import DECIMALS
 from agentkiln.stats import wilson_interval
 from agentkiln.registry.lineage import lineage_tags

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from agentkiln.config import ComputeParams, OwnWinsParams, SFTDataParams
-from agentkiln.evaluate.panels import load_panel
+from agentkiln.panels import load_panel
 from agentkiln.policy import load_policy
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent

@@ -1,6 +1,6 @@
 """`generate(family, n, seed, **difficulty)`: seeded, verified, deduplicated tasks of one family.
 
-Each family's generator module (GENERATORS) provides:
+Each family's generator module (agentkiln.families.GENERATORS) provides:
     LEVELS: dict[str, dict]              # "easy" / "medium" / "hard" -> difficulty knobs
     check(knobs) -> None                 # raise ValueError naming a bad knob value
     candidate(seed, knobs, out_dir) -> TaskSpec | None   # one task from one seed (None: retry)
@@ -17,26 +17,15 @@ never repeat within a call, and calls whose seeds differ never share a seed.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
-from agentkiln.envs import FAMILIES, TaskSpec, make
+from agentkiln.envs import TaskSpec, make
+from agentkiln.families import (  # noqa: F401  (re-exported: the generators' contract lives here)
+    GENERATORS, MAX_RETRIES, SEED_STRIDE, env_version, generator, resolve)
 from agentkiln.synthesis.recovery import Extras, extra_episodes
 
-GENERATORS: dict[str, str] = {
-    "textworld": "agentkiln.synthesis.textworld_games",
-    "sokoban": "agentkiln.synthesis.sokoban",
-    "gym-toytext": "agentkiln.synthesis.toytext",
-    "shop": "agentkiln.synthesis.shop",
-    "search-qa": "agentkiln.synthesis.search_qa",
-    "sql": "agentkiln.synthesis.sql",
-    "python-tool": "agentkiln.synthesis.python_tool",
-}
-MAX_RETRIES = 20
-SEED_STRIDE = 100_000
 DEFAULT_MAX_EXPERT_STEPS = 60
 
 
@@ -46,40 +35,6 @@ def check_int_knobs(family: str, knobs: dict, ranges: dict[str, tuple[int, int]]
         v = knobs.get(name)
         if type(v) is not int or not lo <= v <= hi:  # type(): a bool is not a count
             raise ValueError(f"{family}: knob {name} = {v!r}: must be an int in [{lo}, {hi}]")
-
-
-def generator(family: str) -> ModuleType:
-    if family not in GENERATORS:
-        raise ValueError(f"unknown environment family {family!r} (known: {sorted(GENERATORS)})")
-    return importlib.import_module(GENERATORS[family])
-
-
-def resolve(family: str, level: str = "easy", **overrides) -> dict:
-    """The difficulty knobs of a level with overrides; unknown levels, knobs or values raise
-    ValueError naming them."""
-    gen = generator(family)
-    if level not in gen.LEVELS:
-        raise ValueError(f"{family}: unknown level {level!r} (known: {sorted(gen.LEVELS)})")
-    knobs = dict(gen.LEVELS[level])
-    unknown = set(overrides) - set(knobs)
-    if unknown:
-        raise ValueError(f"{family}: unknown difficulty knob(s) {sorted(unknown)} (known: {sorted(knobs)})")
-    knobs |= overrides
-    gen.check(knobs)
-    return knobs
-
-
-def env_version(family: str) -> str:
-    """Library versions + a hash of the family's generator and environment code and the shared
-    contract: a frozen panel is only valid for the environment version in its manifest."""
-    gen = generator(family)
-    env_module = importlib.import_module(FAMILIES[family].split(":")[0])
-    h = hashlib.sha1()
-    extra = set(getattr(gen, "SOURCES", ()))  # other code that shapes a family's observations (the sandbox)
-    for f in sorted({gen.__file__, env_module.__file__, __file__, str(Path(__file__).parents[1] / "envs" / "base.py"),
-                     *extra}):
-        h.update(Path(f).read_bytes())
-    return f"{family}-agentkiln-{h.hexdigest()[:12]}" + (f"+{gen.VERSION}" if gen.VERSION else "")
 
 
 def play_expert(task: TaskSpec, tasks_dir: str | Path | None, max_steps: int) -> tuple[bool, str, list[dict]]:

@@ -34,7 +34,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from agentkiln.config import SPLITS, TRAIN_SPLITS, SynthesizeParams
-from agentkiln.evaluate.panels import seal
+from agentkiln.panels import seal
 from agentkiln.schemas import validate_expert_trajectories, validate_task_table
 from agentkiln.synthesis.generate import MAX_RETRIES, SEED_STRIDE, build, env_version, task_seed
 from agentkiln.synthesis.recovery import Extras

@@ -28,8 +28,8 @@ from gymnasium import spaces
 
 from agentkiln.envs import env_class, make
 from agentkiln.envs.base import Env, Observation, TaskSpec
+from agentkiln.families import SEED_STRIDE
 from agentkiln.synthesis import generate
-from agentkiln.synthesis.generate import SEED_STRIDE
 
 MAX_TEXT = 100_000  # longer than any observation a family renders (a SQL schema, a shop page)
 LEVELS = ("easy", "medium", "hard")

@@ -1,5 +1,6 @@
 """Frozen panels: a split's manifest (task ids, seeds, difficulty, data, environment versions) is
-sealed by a SHA-256 of its content when it is synthesized, and checked before every use.
+sealed by a SHA-256 of its content when it is synthesized, and checked before every use. Below
+both synthesis (which seals) and evaluation and training (which load).
 
 A panel is refused when
 - its content no longer matches its digest (a task edited, added or removed by hand), or
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from agentkiln.artifacts import TASK_FILES_KEY, verify_task_files
 from agentkiln.envs import TaskSpec
+from agentkiln.families import env_version
 
 DIGEST_KEY = "sha256"
 
@@ -66,8 +68,6 @@ def load_manifest(tasks_dir: str | Path, split: str) -> dict:
     if recorded != (actual := manifest_digest(manifest)):
         raise ValueError(f"{path}: the manifest was modified after it was frozen ({DIGEST_KEY} {recorded[:16]}..., "
                          f"content {actual[:16]}...); restore it (dvc checkout data/tasks) or re-synthesize")
-    from agentkiln.synthesis.generate import env_version  # here: synthesis imports this module to seal
-
     for family in sorted({t.get("family") for t in tasks if isinstance(t, dict)}):
         if versions.get(family) != (current := env_version(family)):
             raise ValueError(
