@@ -22,6 +22,7 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
         def outputs(metrics: dict, name=name, dirs=dirs) -> None:  # before the stage removes its checkpoint
             tracking.log_metrics(metrics)
             tracking.log_artifact(dirs["reports_dir"] / "curve.csv")
+            tracking.log_artifact(dirs["reports_dir"] / "trajectories.html")
             write_json(dirs["reports_dir"] / "metrics.json", metrics)
             tracking.log_split(paths.TASKS / "rl")
             log_policy(dirs["out_dir"])

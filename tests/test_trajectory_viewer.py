@@ -27,10 +27,13 @@ def test_sample_puts_a_success_and_a_failure_first():
 def test_every_turn_shown_and_model_output_escaped(tmp_path):
     evil = "<script>alert(1)</script>"
     shown = {"sft": [_episode("t0", True, ["left", evil, "right"])], "random": [_episode("t1", False, ["bad move"])]}
-    page = trajectories.render(shown, advantages={("sft", "t0"): [0.5, -0.25, 1.0]})
+    for t, adv in zip(shown["sft"][0].turns, [0.5, -0.25, 1.0]):  # a training episode's turns carry advantages
+        t.advantage = adv
+    page = trajectories.render(shown)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert page.count("<pre class='reply'>") == 4 and page.count("turn ") >= 4
     assert "obs 2 of t0" in page and "advantage -0.250" in page and "invalid" in page
+    assert page.count("advantage ") == 3 and page.count("policy version 0") == 1  # evaluation episodes have none
     assert "<a href='#sft'>sft</a>" in page and "id='random'" in page
     assert "push the box &lt;onto&gt; the target" in page
     assert "http" not in page  # self-contained: nothing is fetched

@@ -18,6 +18,7 @@ every usage error answer at once and touch nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -143,6 +144,40 @@ def play(
                      delay=delay, out=typer.echo)
     except PlayError as e:
         fail(str(e))
+
+
+@app.command()
+def replay(
+    episodes: Annotated[Path, typer.Argument(help="an RL stage's reports/rl/<stage>/episodes.jsonl, or an MLflow "
+                                             "run's episodes/iteration_NNNN.json")],
+    model: Annotated[str, typer.Option(help="the checkpoint to re-score under: sft / rl / distilled, a model "
+                                       "directory, an RL checkpoint or models:/name@alias")] = "rl",
+    iteration: Annotated[Optional[int], typer.Option(help="only this iteration's episodes")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the rows as JSON here")] = None,
+) -> None:
+    """Re-score logged training episodes under another checkpoint: every reply's log-prob from the ids it was
+    generated as, beside its behaviour log-prob and advantage.
+
+    Example: agentkiln replay reports/rl/main/episodes.jsonl --model sft --iteration 1"""
+    from agentkiln.evaluate.sources import resolve_policy
+    from agentkiln.trainers.replay import ReplayError, load_records, replay as replay_rows, table
+
+    try:
+        records = load_records(episodes, iteration)
+    except ReplayError as e:
+        fail(str(e))
+    try:
+        params = load_params() if model in ("sft", "rl", "distilled") or not Path(model).exists() else None
+        policy = resolve_policy(model, params)
+        if policy is None:
+            fail(f"--model {model}: a baseline has no log-probs; give a trained model")
+        rows = replay_rows(policy, records)
+    except (ParamsError, FileNotFoundError, ReplayError, OSError) as e:
+        fail(str(e))
+    typer.echo(table(rows))
+    if json_out is not None:
+        json_out.write_text(json.dumps(rows, indent=1) + "\n")
+        typer.echo(f"wrote {json_out}")
 
 
 @app.command()

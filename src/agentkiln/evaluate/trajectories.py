@@ -1,6 +1,8 @@
-"""The trajectory viewer: a self-contained HTML page (reports/trajectories.html) showing sampled
-evaluation episodes turn by turn: observation, the agent's reply, the action it parsed to, reward,
-invalid actions and tool errors. Model output is untrusted text: everything is escaped, and the
+"""The trajectory viewer: a self-contained HTML page showing episodes turn by turn: observation, the
+agent's reply, the action it parsed to, reward, invalid actions and tool errors, and for training
+episodes the advantage each reply was trained with and the policy version that played it. The
+evaluate stage writes reports/trajectories.html (sampled panel episodes); each RL stage writes
+reports/rl/<stage>/trajectories.html (its first and last iterations' logged episodes). Model output is untrusted text: everything is escaped, and the
 page loads nothing from anywhere. Same episodes -> same bytes."""
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ def sample(episodes: list[Episode], k: int = PER_POLICY) -> list[Episode]:
     return (first + rest)[:k]
 
 
-def _turns(ep: Episode, advantages: list[float] | None) -> list[str]:
+def _turns(ep: Episode) -> list[str]:
     out = []
     for i, t in enumerate(ep.turns):
         flags = [f for f, on in (("invalid", t.invalid), ("tool error", t.tool_error)) if on]
-        adv = f" · advantage {advantages[i]:+.3f}" if advantages is not None and i < len(advantages) else ""
+        adv = f" · advantage {t.advantage:+.3f}" if t.advantage is not None else ""
         out += [f"<p class='meta'>turn {i + 1} · reward {t.reward:+.2f}{adv}"
                 f"{' · ' + ', '.join(flags) if flags else ''}</p>",
                 f"<pre>{html.escape(t.observation)}</pre>",
@@ -41,10 +43,9 @@ def _turns(ep: Episode, advantages: list[float] | None) -> list[str]:
     return out
 
 
-def render(shown: dict[str, list[Episode]], title: str = "agentkiln episodes, turn by turn",
-           advantages: dict[tuple[str, str], list[float]] | None = None) -> str:
-    """`shown`: policy -> its episodes. `advantages` (policy, task_id) -> per-turn advantage, when
-    known (training episodes); evaluation episodes have none."""
+def render(shown: dict[str, list[Episode]], title: str = "agentkiln episodes, turn by turn") -> str:
+    """`shown`: a section's name (a policy, an RL iteration) -> its episodes. A turn's advantage is
+    shown where it has one (training episodes)."""
     parts = ["<!doctype html><html><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
              "<nav>" + "".join(f"<a href='#{html.escape(p)}'>{html.escape(p)}</a>" for p in shown) + "</nav>"]
@@ -52,13 +53,15 @@ def render(shown: dict[str, list[Episode]], title: str = "agentkiln episodes, tu
         parts.append(f"<h2 id='{html.escape(policy)}'>{html.escape(policy)}</h2>")
         for ep in episodes:
             verdict = "won" if ep.won else "lost"
+            trained = any(t.advantage is not None for t in ep.turns)
+            version = f" · policy version {ep.policy_version}" if trained else ""
             parts += [f"<details><summary>{html.escape(ep.task_id)} ({html.escape(ep.family)}): "
                       f"<span class='{verdict}'>{verdict}</span> in {len(ep.turns)} turns</summary>",
-                      f"<p class='meta'>goal: {html.escape(ep.goal)}</p>",
-                      *_turns(ep, (advantages or {}).get((policy, ep.task_id))), "</details>"]
+                      f"<p class='meta'>goal: {html.escape(ep.goal)}{version}</p>",
+                      *_turns(ep), "</details>"]
     return "\n".join(parts + ["</body></html>"]) + "\n"
 
 
-def write(shown: dict[str, list[Episode]], path: Path) -> Path:
-    Path(path).write_text(render(shown))
+def write(shown: dict[str, list[Episode]], path: Path, title: str = "agentkiln episodes, turn by turn") -> Path:
+    Path(path).write_text(render(shown, title))
     return Path(path)

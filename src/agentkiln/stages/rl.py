@@ -15,15 +15,17 @@ PPO (critic), ZeRO-3 and vLLM rollouts are refused on ranks, naming the setting.
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from agentkiln import fanout, paths
 from agentkiln.config import Params
+from agentkiln.evaluate import trajectories
 from agentkiln.policy import load_policy, lora, save_policy
 from agentkiln.rollout.backends import open_rollout
 from agentkiln.stages.common import load_split
-from agentkiln.trainers import checkpoint, distributed
+from agentkiln.trainers import checkpoint, distributed, episode_log
 from agentkiln.trainers.rl import POOL_PROBE, check_ranks, greedy_success, rl_rank, train_rl
 
 
@@ -37,11 +39,42 @@ def write_curve(history: list[dict], curve_csv: Path) -> None:
             w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
 
 
+EPISODES = "episodes.jsonl"  # every iteration's logged episodes (trainers.episode_log), one JSON object per line
+VIEWER = "trajectories.html"  # the first and last iterations' episodes with their advantages
+
+
+def episode_logger(path: Path, forward: Callable[[int, list[dict]], None] | None = None):
+    """`log_episodes` for train_rl: each iteration's sample appended to `path` as {"iteration",
+    "episodes"} (an iteration played again after a resume replaces its line and every later one),
+    then passed on to `forward` (MLflow)."""
+    def log(it: int, sample: list[dict]) -> None:
+        lines = path.read_text().splitlines() if path.is_file() else []
+        kept = [line for line in lines if json.loads(line)["iteration"] < it]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(line + "\n" for line in kept) + json.dumps({"iteration": it, "episodes": sample}) + "\n")
+        if forward is not None:
+            forward(it, sample)
+    return log
+
+
+def write_viewer(episodes_file: Path, out: Path, stage: str) -> None:
+    """The stage's trajectory page: its first and last iterations' logged episodes, each reply with
+    the advantage it was trained with (none logged: the page says so)."""
+    blocks = [json.loads(line) for line in episodes_file.read_text().splitlines()] if episodes_file.is_file() else []
+    shown = {f"iteration {b['iteration']}": [episode_log.episode(r) for r in b["episodes"]]
+             for b in (blocks[:1] + blocks[-1:] if len(blocks) > 1 else blocks)}
+    title = f"rl {stage}: training episodes with their advantages"
+    if not shown:
+        title += " (none logged: rl.log_episodes is 0, or the stage ran on DeepSpeed ranks)"
+    trajectories.write(shown, out, title)
+
+
 @fanout.in_session
 def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir: Path, reports_dir: Path,
            ckpt_dir: Path | None = None, log=None, outputs: Callable[[dict], object] | None = None,
            log_episodes=None) -> dict:
-    """Train RL stage `stage`; save its model to `out_dir` and its curve to `reports_dir`; its metrics.
+    """Train RL stage `stage`; save its model to `out_dir`, and its curve, logged episodes (EPISODES) and
+    their trajectory page (VIEWER) to `reports_dir`; its metrics.
     `outputs(metrics)` writes the stage's other outputs (the flow's reports and MLflow logging) before
     the checkpoint is removed (checkpoint.finish)."""
     p = params.rl.stage(stage)
@@ -59,6 +92,9 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
     key = checkpoint.fingerprint(stage, p.model_dump(), compute_key, params.seed,
                                  [t.task_id for t in pool], files=[init_dir])
     before = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (before)")
+    episodes_file = Path(reports_dir) / EPISODES
+    if not checkpoint.resumes(ckpt_dir, key):  # a fresh run: no earlier run's episodes
+        episodes_file.unlink(missing_ok=True)
     if p.lora.enabled:
         lora.add_lora(policy, p.lora, seed=params.seed)
     if ranks:
@@ -70,13 +106,15 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
     else:
         with open_rollout(policy, params.compute, seed=params.seed, lora=p.lora.enabled) as rollout:
             history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir,
-                               ckpt_key=key, rollout=rollout, log_episodes=log_episodes)
+                               ckpt_key=key, rollout=rollout,
+                               log_episodes=episode_logger(episodes_file, log_episodes))
         after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
         merged = None
         if lora.has_lora(policy):
             merged = lora.merge(policy, out_dir)
         save_policy(policy, out_dir)
     write_curve(history, reports_dir / "curve.csv")
+    write_viewer(episodes_file, Path(reports_dir) / VIEWER, stage)
     return checkpoint.finish({
         "stage": stage,
         "algorithm": p.algorithm,

@@ -523,7 +523,7 @@ def train_rl(
             row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
                    **reward_row, "async/staleness": staleness}
             if log_episodes and p.log_episodes and episodes:
-                log_episodes(it + 1, episode_log.sample(episodes, p.log_episodes))
+                log_episodes(it + 1, episode_log.sample(episodes, p.log_episodes, p.temperature))
             if batch is not None and batch.rows:
                 row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
             history.append(row)
