@@ -64,6 +64,7 @@ from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.synthesis.generate import generate as synthesize_tasks
 from agentkiln.trainers.batch import build_batch
+from agentkiln.trainers.engine import LocalEngine
 from agentkiln.trainers.rl import update
 
 QWEN_VOCAB = 151_936
@@ -221,9 +222,10 @@ def update_phase(policy: Policy, episodes, args, device) -> dict:
     p = RLParams(algorithm="grpo", minibatch_size=batch.rows, micro_batch_size=args.micro_batch, ppo_epochs=1,
                  kl_coef=0.0, lr=1e-6, decoding={"default": "free"})
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
-    update(policy, None, batch, p, opt, None, gen)  # warm-up: AdamW state, kernels
+    engine = LocalEngine(policy.model, opt, p.max_grad_norm, policy.trainable())
+    update(engine, policy, None, batch, p, None, gen)  # warm-up: AdamW state, kernels
     with Phase(device) as ph:
-        stats = [update(policy, None, batch, p, opt, None, gen) for _ in range(args.steps)]
+        stats = [update(engine, policy, None, batch, p, None, gen) for _ in range(args.steps)]
     tokens = int(batch.attention_mask.sum())
     s = ph.seconds / args.steps
     return {"rows": batch.rows, "width": batch.input_ids.shape[1], "tokens": tokens, "reply_tokens": batch.n_tokens,

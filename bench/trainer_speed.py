@@ -32,6 +32,7 @@ from agentkiln.policy import load_policy
 from agentkiln.seeding import seed_everything
 from agentkiln.stages.common import load_split
 from agentkiln.trainers.batch import build_batch, token_logprobs
+from agentkiln.trainers.engine import LocalEngine
 from agentkiln.trainers.rl import collect, score, update
 
 
@@ -87,9 +88,10 @@ def main() -> None:
 
     gen = torch.Generator().manual_seed(0)
     one = p.model_copy(update={"minibatch_size": len(rows)})
+    engine = LocalEngine(policy.model, opt, one.max_grad_norm, policy.trainable())
 
     def rl_step():
-        update(policy, None, mb, one, opt, None, gen)
+        update(engine, policy, None, mb, one, None, gen)
 
     raw_s, sft_s, rl_s = (timed(fn, args.steps) for fn in (raw_step, sft_step, rl_step))
     result = {

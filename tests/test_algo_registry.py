@@ -40,9 +40,9 @@ def test_a_toy_estimator_registered_in_one_place_trains(lake_pool, monkeypatch):
     trained = []
     real_update = trainer.update
 
-    def spy(policy, critic, batch, p, *args, **kw):
+    def spy(engine, policy, critic, batch, p, *args, **kw):
         trained.append(batch.advantages[batch.loss_mask].clone())
-        return real_update(policy, critic, batch, p, *args, **kw)
+        return real_update(engine, policy, critic, batch, p, *args, **kw)
 
     monkeypatch.setattr(trainer, "update", spy)
     p = RLParams(algorithm="toy_sign", iterations=3, tasks_per_iter=3, group_size=4, max_turns=6, lr=1e-2, temperature=1.0,

@@ -18,6 +18,7 @@ from agentkiln.rollout.sequence import add_reply
 from agentkiln.trainers import rl as trainer
 from agentkiln.trainers.batch import Batch, build_batch
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards, turn_rewards
+from agentkiln.trainers.engine import LocalEngine
 
 from tests.conftest import task_texts
 
@@ -212,6 +213,10 @@ def grads_by_token(seen, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return g_logp, g_ent
 
 
+def local(pol: Policy, opt: torch.optim.Optimizer, p: RLParams) -> LocalEngine:
+    return LocalEngine(pol.model, opt, p.max_grad_norm, pol.trainable())
+
+
 FAKE_POLICY = Policy(torch.nn.Linear(1, 1), tokenizer=None)  # scoring is faked: only update's optimizer sees it
 TOKEN0 = 1000
 
@@ -227,12 +232,12 @@ def test_seq_mean_token_sum_norm_divides_by_the_configured_constant_in_every_min
     p = RLParams(loss_agg="seq-mean-token-sum-norm", loss_agg_norm_len=10, minibatch_size=2,
                  micro_batch_size=micro, kl_coef=0.0)
     opt = torch.optim.SGD(FAKE_POLICY.model.parameters(), lr=0.0)
-    stats = trainer.update(FAKE_POLICY, None, batch, p, opt, None, torch.Generator().manual_seed(0))
+    stats = trainer.update(local(FAKE_POLICY, opt, p), FAKE_POLICY, None, batch, p, None, torch.Generator().manual_seed(0))
     g_logp, _ = grads_by_token(seen, 8)
     adv = [1.0] * 3 + [-1.0] + [2.0] * 2 + [0.5] * 2
     assert g_logp.tolist() == pytest.approx([-a / 20 for a in adv], abs=1e-7)
-    if micro is None:  # one loss per minibatch
-        assert stats["pg_loss"] == pytest.approx(-7 / 40, abs=1e-7)
+    # the stats are the minibatches' own values, micro-batched or not
+    assert stats["pg_loss"] == pytest.approx(-7 / 40, abs=1e-7)
 
 
 def test_update_loss_is_policy_loss_plus_kl_minus_entropy_bonus_by_value(monkeypatch):
@@ -246,7 +251,7 @@ def test_update_loss_is_policy_loss_plus_kl_minus_entropy_bonus_by_value(monkeyp
     batch.ref_logp = batch.old_logp - 1.0
     p = RLParams(minibatch_size=4, kl_coef=0.5, kl_estimator="k3", entropy_coef=0.1)
     opt = torch.optim.SGD(FAKE_POLICY.model.parameters(), lr=0.0)
-    stats = trainer.update(FAKE_POLICY, None, batch, p, opt, None, torch.Generator().manual_seed(0))
+    stats = trainer.update(local(FAKE_POLICY, opt, p), FAKE_POLICY, None, batch, p, None, torch.Generator().manual_seed(0))
     k3 = math.exp(-1)
     assert stats["pg_loss"] == pytest.approx(-0.875)
     assert stats["kl"] == pytest.approx(k3, abs=1e-6)
@@ -259,8 +264,8 @@ def test_update_loss_is_policy_loss_plus_kl_minus_entropy_bonus_by_value(monkeyp
     assert g_logp.tolist() == pytest.approx([(-a + 0.5 * (1 - k3)) / 8 for a in adv], abs=1e-6)
     # entropy_coef 0: no entropy term in the loss (still reported)
     seen.clear()
-    stats = trainer.update(FAKE_POLICY, None, batch, p.model_copy(update={"entropy_coef": 0.0}), opt, None,
-                           torch.Generator().manual_seed(0))
+    stats = trainer.update(local(FAKE_POLICY, opt, p), FAKE_POLICY, None, batch,
+                           p.model_copy(update={"entropy_coef": 0.0}), None, torch.Generator().manual_seed(0))
     assert stats["loss"] == pytest.approx(-0.875 + 0.5 * k3, abs=1e-6) and stats["entropy"] == pytest.approx(4.5)
     assert grads_by_token(seen, 8)[1].abs().max() == 0
 
@@ -286,7 +291,7 @@ def test_micro_batches_accumulate_the_minibatch_gradient_exactly(lake_pool, text
         batch.ref_logp = trainer.score(ref, batch, 1.0, 4)
         batch.advantages = torch.linspace(-1, 1, batch.rows)[:, None] * batch.loss_mask
         opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)  # a step that changes nothing: compare grads
-        trainer.update(pol, None, batch, p, opt, None, torch.Generator().manual_seed(0))
+        trainer.update(local(pol, opt, p), pol, None, batch, p, None, torch.Generator().manual_seed(0))
         grads.append(torch.cat([q.grad.flatten() for q in pol.model.parameters() if q.grad is not None]))
     assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
 
@@ -311,9 +316,9 @@ def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm, 
     moved = []  # per update: sum over its batch's tokens of A * (log-prob after - before)
     real_update = trainer.update
 
-    def spy(policy, critic, batch, p, *args, **kw):
+    def spy(engine, policy, critic, batch, p, *args, **kw):
         before = trainer.score(policy, batch, p.temperature, 64)
-        out = real_update(policy, critic, batch, p, *args, **kw)
+        out = real_update(engine, policy, critic, batch, p, *args, **kw)
         after = trainer.score(policy, batch, p.temperature, 64)
         moved.append(float((batch.advantages * (after - before)).sum()))
         return out

@@ -15,6 +15,7 @@ from agentkiln.rollout.episode import Episode, Turn
 from agentkiln.rollout.sequence import render
 from agentkiln.synthesis.recovery import recovery_episode
 from agentkiln.trainers.batch import build_batch, token_logprobs
+from agentkiln.trainers.engine import LocalEngine
 from agentkiln.trainers.rl import update
 from agentkiln.trainers.supervised import OptimConfig, sft_batch, train_supervised
 
@@ -50,7 +51,8 @@ def test_rl_update_raises_logprob_of_positive_advantage_replies(lake_pool):
     batch.advantages = sign[batch.episode][:, None] * batch.loss_mask
     before, _ = token_logprobs(pol.model, batch, with_entropy=False)
     opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-2)
-    stats = update(pol, None, batch, RLParams(minibatch_size=16, kl_coef=0.0), opt, None, torch.Generator().manual_seed(0))
+    p = RLParams(minibatch_size=16, kl_coef=0.0)
+    stats = update(LocalEngine(pol.model, opt, p.max_grad_norm), pol, None, batch, p, None, torch.Generator().manual_seed(0))
     after, _ = token_logprobs(pol.model, batch, with_entropy=False)
     rows = (sign > 0)[batch.seq_ids()]
     assert after[rows].sum() > before[rows].sum() and after[~rows].sum() < before[~rows].sum()

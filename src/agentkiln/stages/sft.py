@@ -29,7 +29,7 @@ from agentkiln.schemas import load_expert_trajectories
 from agentkiln.stages.common import expert_episodes
 from agentkiln.stages.sft_data import mixture, own_wins, same_ids, used_variants
 from agentkiln.trainers import checkpoint, distributed
-from agentkiln.trainers.supervised import OptimConfig, train_supervised, train_supervised_ranks
+from agentkiln.trainers.supervised import OptimConfig, train_supervised
 
 
 def optim_config(p) -> OptimConfig:
@@ -121,8 +121,10 @@ def _sft_rank(rank: distributed.Rank, job: dict) -> dict | None:
     unsharded copy of the starting policy loaded with the final weights (the parent removes the
     checkpoint, once every output is written)."""
     policy = place(job["policy"], rank.compute)
-    history, weights = train_supervised_ranks(rank, policy, job["episodes"], job["cfg"], seed=job["seed"], desc="sft",
-                                              ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"])
+    factory = distributed.RankFactory(rank)
+    history = train_supervised(policy, job["episodes"], job["cfg"], seed=job["seed"], desc="sft",
+                               ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"], make_engine=factory)
+    weights = factory.engine.weights()  # every rank takes part
     if not rank.main:
         return None
     final = rank.job()["policy"]

@@ -362,3 +362,71 @@ def load_optimizer_shards(eng, shards: list) -> None:
     """Each rank takes its own shard back (same world size and ZeRO stage: the checkpoint key says so),
     fp32 master weights included."""
     eng.optimizer.load_state_dict(shards, load_from_fp32_weights=True)
+
+
+class RankEngine:
+    """One DeepSpeed rank as a training engine (trainers.engine): the model wrapped by `engine()`, its
+    optimizer's state sharded by ZeRO, clipping by the global norm over every rank's gradient shard.
+    One micro-batch per rank per step (ZeRO reduces gradients at every backward: ranks must run the
+    same number of them)."""
+
+    micro_batching = False
+
+    def __init__(self, rank: Rank, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float):
+        self.rank, self.model = rank, model
+        self.world, self.main = rank.world, rank.main
+        self.ds = engine(rank, model, optimizer, max_grad_norm)
+
+    def forward(self, fn: Callable, *args, **kwargs) -> Any:
+        return self.ds(fn, *args, **kwargs)
+
+    def zero_grad(self) -> None:
+        pass  # the engine clears the gradients in its step
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss)
+
+    def step(self) -> float:
+        self.ds.step()  # clips by the global norm over every rank's gradient shard, then the optimizer
+        return float(self.ds.get_global_grad_norm())
+
+    def share(self, rows: list[int]) -> tuple[list[int], bool]:
+        return share(rows, self.rank)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return all_sum(values, self.rank)
+
+    def broadcast(self, obj: Any) -> Any:
+        msg = [obj if self.main else None]
+        torch.distributed.broadcast_object_list(msg, src=0)
+        return msg[0]
+
+    def train(self) -> None:
+        self.ds.train()
+
+    def eval(self) -> None:
+        self.ds.eval()
+
+    def weights(self) -> dict | None:
+        return full_state_dict(self.rank, self.ds, self.model)
+
+    def optimizer_state(self) -> list | None:
+        return optimizer_shards(self.rank, self.ds)
+
+    def load_optimizer_state(self, state: list) -> None:
+        load_optimizer_shards(self.ds, state)
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.rank.log(metrics, step)
+
+
+class RankFactory:
+    """This rank's engine factory (trainers.engine.EngineFactory); `engine`: the one it made, for what
+    the rank does after the loop (its final weights)."""
+
+    def __init__(self, rank: Rank):
+        self.rank, self.engine = rank, None
+
+    def __call__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> RankEngine:
+        self.engine = RankEngine(self.rank, model, optimizer, max_grad_norm)
+        return self.engine

@@ -25,10 +25,11 @@ trainer's weights (decoupled PPO's proximal policy) and weights or masks tokens 
 ratio (`asynchronous.correction`). Checkpoints hold what is in flight (its tasks and weights), so
 resume is exact in both modes.
 
-`train_rl_ranks` is the same loop on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed):
-rank 0 plays and prepares, every rank gets the batch, `update_ranks` splits each minibatch's rows
-over the ranks with the micro-batch share weighting; the same curve to float rounding
-(tests/test_deepspeed.py). PPO (critic), ZeRO-3 and vLLM rollouts are refused there.
+The same loop runs on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed; `rl_rank`) over
+a training engine (trainers.engine): rank 0 plays and prepares, every rank gets the batch, `update`
+gives each rank its share of every minibatch's rows with the same share weighting; the same curve to
+float rounding (tests/test_deepspeed.py). PPO (critic), ZeRO-3, vLLM rollouts and asynchronous
+rollouts are refused there (`check_ranks`).
 """
 
 from __future__ import annotations
@@ -48,17 +49,18 @@ from agentkiln.algos import registry
 from agentkiln.algos.losses import aggregate, entropy_bonus, kl_penalty
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
-from agentkiln.policy import lora
-from agentkiln.policy.model import Policy
+from agentkiln.policy import lora, save_policy
+from agentkiln.policy.model import Policy, place
 from agentkiln.rewards import RewardState, needs_potentials, observe_iteration
 from agentkiln.rollout.backends import HFRollout, SnapshotRollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
-from agentkiln.trainers import checkpoint, episode_log
+from agentkiln.trainers import checkpoint, distributed, episode_log
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
+from agentkiln.trainers.engine import Engine, EngineFactory, local_factory
 
 def iteration_seed(seed: int, it: int) -> int:
     """The seed of iteration `it`'s rollouts: the same whoever plays them and whenever."""
@@ -217,31 +219,42 @@ def by_length(batch: Batch) -> list[int]:
     return sorted(range(batch.rows), key=lambda r: (longest[int(batch.episode[r])], int(batch.episode[r]), r))
 
 
-def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt: torch.optim.Optimizer,
+def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, p: RLParams,
            critic_opt: torch.optim.Optimizer | None, gen: torch.Generator, values: torch.Tensor | None = None,
            returns: torch.Tensor | None = None) -> dict:
-    """PPO epochs over shuffled minibatches of rows; gradients of micro-batches accumulate to exactly
-    the minibatch's loss (each micro loss is weighted by its share of the aggregation's denominator;
-    seq-mean-token-sum-norm's length is the constant `loss_agg_norm_len`, not the minibatch's)."""
+    """PPO epochs over shuffled minibatches of rows (every rank draws the same ones: same `gen`). Each
+    rank takes its share of a minibatch's rows (`engine.share`: all of them on one process), cut into
+    micro-batches where the engine accumulates gradients locally; each micro-batch's loss is weighted
+    by its share of the minibatch's aggregation denominator (tokens for token-mean PPO, sequences
+    otherwise; seq-mean-token-sum-norm's length is the constant `loss_agg_norm_len`) times the world,
+    so the gradients add up to exactly the minibatch's. Then the engine clips by the global norm and
+    steps. Stats per minibatch: share-weighted sums over micro-batches and ranks (the minibatch's own
+    value of every token-mean quantity), averaged over minibatches; grad_norm before clipping. PPO
+    also fits its critic (one process only: trainers.rl.check_ranks)."""
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
     token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level  # share of tokens, else of sequences
-    policy.model.train()
+    engine.train()
     for _ in range(p.ppo_epochs):
         order = torch.randperm(batch.rows, generator=gen).tolist()
         for i in range(0, len(order), p.minibatch_size):
             mb = batch.select(order[i : i + p.minibatch_size])
-            seq = mb.seq_ids()
-            n_tok, n_seq = mb.n_tokens, _seq_count(seq)
-            opt.zero_grad(set_to_none=True)
-            rows = by_length(mb)
-            for k in range(0, mb.rows, micro_size):
-                micro = mb.select(rows[k : k + micro_size])
-                share = micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq
-                for key, v in _micro_loss(policy, micro, p, share).items():
-                    stats[key].append(v)
-            stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(policy.trainable(), p.max_grad_norm)))
-            opt.step()
+            n_tok, n_seq = mb.n_tokens, _seq_count(mb.seq_ids())
+            engine.zero_grad()
+            mine, active = engine.share(list(range(mb.rows)))
+            part = mb if len(mine) == mb.rows else mb.select(mine)
+            rows = by_length(part)
+            size = micro_size if engine.micro_batching else part.rows
+            acc: dict[str, float] = defaultdict(float)
+            for k in range(0, part.rows, size):
+                micro = part.select(rows[k : k + size])
+                share = (micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq) if active else 0.0
+                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world).items():
+                    acc[key] += v * share
+            keys = sorted(acc)
+            for key, v in zip(keys, engine.all_sum([acc[key] for key in keys])):
+                stats[key].append(v)
+            stats["grad_norm"].append(engine.step())
             if critic is not None:
                 critic.train()
                 critic_opt.zero_grad(set_to_none=True)
@@ -255,22 +268,19 @@ def update(policy: Policy, critic: Critic | None, batch: Batch, p: RLParams, opt
                     stats["value_loss"].append(float(vl.detach()))
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), p.max_grad_norm)
                 critic_opt.step()
-    policy.model.eval()
+    engine.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
 
 
-def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, engine=None) -> dict:
-    """Backpropagate one micro-batch's loss, weighted by its `share` of the minibatch; return its stats.
-    `engine`: a DeepSpeed engine (trainers.distributed) that runs the forward and the backward.
+def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weight: float) -> dict:
+    """Backpropagate one micro-batch's loss times `weight` (its share of the minibatch times the world)
+    through the engine; return its stats.
 
     loss = policy loss + kl_coef * agg(KL to the reference) (unless folded into the rewards)
            - entropy_coef * agg(token entropy), every term reduced by `loss_agg`."""
     micro = micro.to(policy.device)
     with policy.autocast():
-        if engine is None:
-            logp, entropy = token_logprobs(policy.model, micro, p.temperature)
-        else:
-            logp, entropy = engine(token_logprobs, micro, p.temperature)
+        logp, entropy = engine.forward(token_logprobs, micro, p.temperature)
     old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
     norm_len = float(p.loss_agg_norm_len)
     pg, info = registry.policy_loss(p.policy_loss).fn(logp, old, adv, seq, p)
@@ -284,10 +294,7 @@ def _micro_loss(policy: Policy, micro: Batch, p: RLParams, share: float, engine=
     ent = aggregate(entropy.detach(), p.loss_agg, seq, norm_len)
     if p.entropy_coef > 0:
         loss = loss + entropy_bonus(entropy, p.entropy_coef, p.loss_agg, seq, norm_len)
-    if engine is None:
-        (loss * share).backward()
-    else:
-        engine.backward(loss * share)
+    engine.backward(loss * weight)
     return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
 
 
@@ -453,18 +460,23 @@ def train_rl(
     ckpt_key: str = "",
     rollout=None,
     log_episodes: Callable[[int, list[dict]], None] | None = None,
+    make_engine: EngineFactory | None = None,
 ) -> list[dict]:
     """Train `policy` in place on `pool`; `ref` (the stage's starting policy; None with LoRA: the
     policy with its adapters off) stays frozen. `rollout`: the backend (rollout.backends; default the
     in-process engine), synced with the weights before every iteration's rollouts. With `ckpt_dir`,
     resumes from a checkpoint of the same run (`ckpt_key`) and writes new ones. `log_episodes(it,
     sample)` gets `p.log_episodes` of each iteration's trained episodes (trainers.episode_log). Returns
-    per-iteration metrics."""
+    per-iteration metrics.
+
+    `make_engine`: the training engine (trainers.engine; default one process). On DeepSpeed ranks
+    (trainers.distributed.RankFactory; every rank calls this, `rl_rank`) rank 0 plays the rollouts
+    (the in-process engine on its whole ZeRO-2 copy of the weights, the same seeds as one process),
+    prepares the batch and broadcasts it with the iteration's metrics; every rank trains on its share
+    of each minibatch (`update`); rank 0 alone logs and writes checkpoints, which every rank resumes
+    from. What ranks do not do is refused first (`check_ranks`)."""
     if ref is not None:
         ref.model.eval().requires_grad_(False)
-    rollout = rollout or HFRollout(policy)
-    if p.asynchronous.max_staleness and type(rollout) is HFRollout:
-        rollout = SnapshotRollout(policy)  # the live weights change while the next rollouts play
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
     critic = critic_opt = None
     if registry.estimator(p.algorithm).needs_critic:
@@ -476,68 +488,95 @@ def train_rl(
     rewards = RewardState(p, seed)  # adaptive success, process model, judge: updated every iteration
     history: list[dict] = []
     start = played = 0
-    state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None
+    state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None  # every rank reads it
     if state is not None:
-        policy.model.load_state_dict(state["policy"])
-        opt.load_state_dict(state["opt"])
+        policy.model.load_state_dict(state["policy"])  # before an engine shards anything
         sampler.load_state_dict(state["sampler"])
         rewards.load_state_dict(state["rewards"])
         if critic is not None:
             critic.load_state_dict(state["critic"])
             critic_opt.load_state_dict(state["critic_opt"])
+    engine = (make_engine or local_factory(policy.trainable(), log))(policy.model, opt, p.max_grad_norm)
+    if state is not None:
+        engine.load_optimizer_state(state["opt"])
         start, played, history = state["iteration"], state["played"], state["history"]
-        print(f"rl: resumed from {ckpt_dir} after iteration {start}")
-        if log:  # the new tracking run gets the whole curve
-            for row in history:
-                log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, row["iteration"])
+        if engine.main:
+            print(f"rl: resumed from {ckpt_dir} after iteration {start}")
+        for row in history:  # the new tracking run gets the whole curve
+            engine.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, row["iteration"])
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
-    flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy)
-    if state is not None and state.get("in_flight"):
-        flight.restore(state["in_flight"])
+    flight = None
+    if engine.main:  # the rollouts: rank 0's alone
+        rollout = rollout or HFRollout(policy)
+        if p.asynchronous.max_staleness and type(rollout) is HFRollout:
+            rollout = SnapshotRollout(policy)  # the live weights change while the next rollouts play
+        flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy)
+        if state is not None and state.get("in_flight"):
+            flight.restore(state["in_flight"])
     try:
-        for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total):
+        for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total,
+                       disable=engine.world > 1):
             if p.episode_budget is not None and played >= p.episode_budget:
                 break
-            first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
-            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
-                                                 None if p.episode_budget is None else p.episode_budget - played,
-                                                 rollout, sampler, rewards, played_first=first)
-            staleness = it - version  # policy versions between the weights that played and the trainer's
-            if not 0 <= staleness <= p.asynchronous.max_staleness:
-                raise RuntimeError(f"rl: iteration {it + 1} got episodes {staleness} versions stale "
-                                   f"(asynchronous.max_staleness {p.asynchronous.max_staleness})")
-            for ep in everything:
-                ep.policy_version = version
-            observe(sampler, everything)
-            reward_row = observe_iteration(rewards, everything, p.reward)
-            played += info["episodes_played"]
-            batch = values = returns = None
-            mismatch: dict = {}
-            if episodes:
-                batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
-            if mismatch.get("mismatch/alarm"):
-                print(f"rl: iteration {it + 1}: KL(behaviour || trainer) {mismatch['mismatch/k3_kl']:.4f} is above "
-                      f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
-            row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
-                   **reward_row, "async/staleness": staleness}
-            if log_episodes and p.log_episodes and episodes:
-                log_episodes(it + 1, episode_log.sample(episodes, p.log_episodes, p.temperature))
+            payload = None
+            if engine.main:
+                payload = _iteration(it, flight, policy, ref, critic, pool, tasks_dir, p, rng, seed, played, rollout,
+                                     sampler, rewards, total, log_episodes)
+            batch, values, returns, row = engine.broadcast(payload)  # one process: the same objects
+            played = row["episodes"]
             if batch is not None and batch.rows:
-                row |= update(policy, critic, batch, p, opt, critic_opt, gen, values, returns)
+                row |= update(engine, policy, critic, batch, p, critic_opt, gen, values, returns)
             history.append(row)
-            if log:
-                log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
+            engine.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
             if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
-                checkpoint.save(ckpt_dir, ckpt_key, {
-                    "policy": policy.model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1, "played": played,
-                    "history": history, "critic": critic.state_dict() if critic else None,
-                    "critic_opt": critic_opt.state_dict() if critic_opt else None, "sampler": sampler.state_dict(),
-                    "rewards": rewards.state_dict(), "in_flight": flight.state()}, rng, gen)
+                shards, weights = engine.optimizer_state(), engine.weights()  # every rank takes part
+                if engine.main:
+                    checkpoint.save(ckpt_dir, ckpt_key, {
+                        "policy": weights, "opt": shards, "iteration": it + 1, "played": played,
+                        "history": history, "critic": critic.state_dict() if critic else None,
+                        "critic_opt": critic_opt.state_dict() if critic_opt else None,
+                        "sampler": sampler.state_dict(), "rewards": rewards.state_dict(),
+                        "in_flight": flight.state()}, rng, gen)
     finally:
-        flight.close()
+        if flight is not None:
+            flight.close()
+    engine.eval()
     return history
+
+
+def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, critic: Critic | None,
+               pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int, played: int,
+               rollout, sampler: TaskSampler, rewards: RewardState, total: int,
+               log_episodes: Callable[[int, list[dict]], None] | None) -> tuple:
+    """Rank 0's part of iteration `it`: its episodes (from the flight, within the staleness bound),
+    their batch with advantages, and the iteration's metrics row: (batch, values, returns, row)."""
+    first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
+    episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
+                                         None if p.episode_budget is None else p.episode_budget - played,
+                                         rollout, sampler, rewards, played_first=first)
+    staleness = it - version  # policy versions between the weights that played and the trainer's
+    if not 0 <= staleness <= p.asynchronous.max_staleness:
+        raise RuntimeError(f"rl: iteration {it + 1} got episodes {staleness} versions stale "
+                           f"(asynchronous.max_staleness {p.asynchronous.max_staleness})")
+    for ep in everything:
+        ep.policy_version = version
+    observe(sampler, everything)
+    reward_row = observe_iteration(rewards, everything, p.reward)
+    played += info["episodes_played"]
+    batch = values = returns = None
+    mismatch: dict = {}
+    if episodes:
+        batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
+    if mismatch.get("mismatch/alarm"):
+        print(f"rl: iteration {it + 1}: KL(behaviour || trainer) {mismatch['mismatch/k3_kl']:.4f} is above "
+              f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
+    row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
+           **reward_row, "async/staleness": staleness}
+    if log_episodes and p.log_episodes and episodes:
+        log_episodes(it + 1, episode_log.sample(episodes, p.log_episodes, p.temperature))
+    return batch, values, returns, row
 
 
 # --------------------------------------------------------------------------- DeepSpeed ranks
@@ -558,123 +597,19 @@ def check_ranks(p: RLParams, compute) -> None:
                          "is not supported: on ranks, rank 0 plays the rollouts with the in-process engine (hf)")
 
 
-def update_ranks(rank, engine, policy: Policy, batch: Batch, p: RLParams, gen: torch.Generator) -> dict:
-    """`update` as one of the data-parallel DeepSpeed ranks: every rank draws the same minibatches in
-    the same order (same `gen`), runs the forward and backward of its share of each one's rows (rows
-    r::world; a rank without rows runs one with zero weight) as one micro-batch weighted by that
-    share of the minibatch (tokens for token-mean PPO, sequences otherwise, as `update`) times the
-    world (DeepSpeed averages gradients over ranks), then DeepSpeed clips by the global norm and
-    steps AdamW. Stats: each rank's, share-weighted and summed over ranks (the minibatch's own value
-    for every token-mean quantity: losses, KL, entropy, clip fraction); grad_norm before clipping."""
-    from agentkiln.trainers import distributed
-
-    stats: dict[str, list[float]] = defaultdict(list)
-    token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level
-    engine.train()
-    for _ in range(p.ppo_epochs):
-        order = torch.randperm(batch.rows, generator=gen).tolist()
-        for i in range(0, len(order), p.minibatch_size):
-            mb = batch.select(order[i : i + p.minibatch_size])
-            n_tok, n_seq = mb.n_tokens, _seq_count(mb.seq_ids())
-            mine, active = distributed.share(list(range(mb.rows)), rank)
-            part = mb.select(mine)
-            share = (part.n_tokens / n_tok if token_level else _seq_count(part.seq_ids()) / n_seq) if active else 0.0
-            got = _micro_loss(policy, part, p, share * rank.world, engine=engine)
-            keys = sorted(got)
-            for k, v in zip(keys, distributed.all_sum([float(got[k]) * share for k in keys], rank)):
-                stats[k].append(v)
-            engine.step()  # clips by the global norm over every rank's gradient shard, then AdamW
-            stats["grad_norm"].append(float(engine.get_global_grad_norm()))
-    engine.eval()
-    return {k: sum(v) / len(v) for k, v in stats.items() if v}
-
-
-def train_rl_ranks(rank, policy: Policy, ref: Policy | None, pool: list[TaskSpec], tasks_dir: Path, p: RLParams,
-                   seed: int, ckpt_dir: Path | None = None, ckpt_key: str = "") -> tuple[list[dict], dict | None]:
-    """`train_rl` as one of the data-parallel DeepSpeed ranks (trainers.distributed; every rank calls it).
-    Rank 0 plays the iteration's rollouts (the in-process engine on its whole ZeRO-2 copy of the
-    weights, the same seeds as one process) and prepares the batch (reference log-probs, advantages),
-    then broadcasts it with the iteration's metrics: every rank holds the same batch, and `update_ranks`
-    splits each minibatch over the ranks. Rank 0 alone logs (`rank.log`) and writes the checkpoints
-    (full weights, every rank's optimizer shard, the task sampler and minibatch generators, history);
-    every rank resumes from them. Returns the history and, on rank 0, the final weights as a CPU state
-    dict. PPO (critic), ZeRO-3 and vLLM rollouts are refused (`check_ranks`)."""
-    from agentkiln.trainers import distributed
-
-    check_ranks(p, rank.compute)
-    if ref is not None:
-        ref.model.eval().requires_grad_(False)
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    sampler = make_sampler(pool, p)
-    rewards = RewardState(p, seed)  # adaptive success, process model, judge: updated every iteration
-    state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None  # every rank reads it
-    if state is not None:
-        policy.model.load_state_dict(state["policy"])
-        sampler.load_state_dict(state["sampler"])
-        rewards.load_state_dict(state["rewards"])
-    opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
-    engine = distributed.engine(rank, policy.model, opt, p.max_grad_norm)
-    engine.eval()
-    history: list[dict] = []
-    start = played = 0
-    if state is not None:
-        distributed.load_optimizer_shards(engine, state["opt"])
-        start, played, history = state["iteration"], state["played"], state["history"]
-        if rank.main:
-            print(f"rl: resumed from {ckpt_dir} after iteration {start}")
-        for row in history:  # the new tracking run gets the whole curve
-            rank.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, row["iteration"])
-    rollout = HFRollout(policy)
-    for it in range(start, p.iterations):
-        if p.episode_budget is not None and played >= p.episode_budget:
-            break
-        msg: list = [None]
-        if rank.main:
-            rollout.sync(policy)
-            episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
-                                                 None if p.episode_budget is None else p.episode_budget - played,
-                                                 rollout, sampler, rewards)
-            observe(sampler, everything)
-            reward_row = observe_iteration(rewards, everything, p.reward)
-            batch = None
-            mismatch: dict = {}
-            if episodes:
-                batch, _, _, mismatch = prepare(policy, ref, None, episodes, p, rollout.recompute, rewards)
-            row = {"iteration": it + 1, "episodes": played + info["episodes_played"], **info,
-                   **episode_metrics(everything, batch), **mismatch, **reward_row, "async/staleness": 0}
-            msg = [(batch, row)]
-        torch.distributed.broadcast_object_list(msg, src=0)
-        batch, row = msg[0]
-        played = row["episodes"]
-        if batch is not None and batch.rows:
-            row |= update_ranks(rank, engine, policy, batch, p, gen)
-        history.append(row)
-        rank.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
-        if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
-            shards = distributed.optimizer_shards(rank, engine)
-            weights = distributed.full_state_dict(rank, engine, policy.model)
-            if rank.main:
-                checkpoint.save(ckpt_dir, ckpt_key, {
-                    "policy": weights, "opt": shards, "iteration": it + 1, "played": played, "history": history,
-                    "sampler": sampler.state_dict(), "rewards": rewards.state_dict()}, rng, gen)
-    engine.eval()
-    return history, distributed.full_state_dict(rank, engine, policy.model)
-
-
 def rl_rank(rank, job: dict) -> dict | None:
     """One DeepSpeed rank of an RL stage (the job: policy, ref, pool, tasks_dir, p, seed, out_dir,
     ckpt_dir, ckpt_key; stages.rl builds it): train its share; rank 0 then measures the pool's greedy
     success, saves the model (LoRA merged and checked, as on one process) from a fresh unsharded copy
     of the starting policy loaded with the final weights, and returns the history and its numbers."""
-    from agentkiln.policy import save_policy
-    from agentkiln.policy.model import place
-
     policy = place(job["policy"], rank.compute)
     ref = place(job["ref"], rank.compute) if job["ref"] is not None else None
     p = job["p"]
-    history, weights = train_rl_ranks(rank, policy, ref, job["pool"], job["tasks_dir"], p, job["seed"],
-                                      ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"])
+    check_ranks(p, rank.compute)
+    factory = distributed.RankFactory(rank)
+    history = train_rl(policy, ref, job["pool"], job["tasks_dir"], p, job["seed"], ckpt_dir=job["ckpt_dir"],
+                       ckpt_key=job["ckpt_key"], make_engine=factory)
+    weights = factory.engine.weights()  # every rank takes part
     if not rank.main:
         return None
     # the pool's greedy success on the trained copy (this rank's device), as one process measures it

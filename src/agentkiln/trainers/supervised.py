@@ -9,9 +9,10 @@ schedule, the minibatch order's generator, the process RNGs, the history): a run
 started again with the same inputs continues after its last finished epoch and ends with the very
 weights an uninterrupted run ends with.
 
-`train_supervised_ranks` is the same training as data-parallel DeepSpeed ranks (compute.backend:
-deepspeed; trainers.distributed launches them): the same minibatches, each rank the rows of its share,
-the same per-epoch loss curve to float rounding (tests/test_deepspeed.py).
+One loop for one process and for data-parallel DeepSpeed ranks (compute.backend: deepspeed;
+trainers.distributed launches them, each calls this loop with its engine: trainers.engine): the same
+minibatches on every rank, each rank the rows of its share, the same per-epoch loss curve to float
+rounding (tests/test_deepspeed.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agentkiln.policy.model import Policy
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
+from agentkiln.trainers.engine import EngineFactory, local_factory
 
 
 @dataclass(frozen=True)
@@ -79,73 +81,16 @@ def train_supervised(
     desc: str = "sft",
     ckpt_dir: Path | None = None,
     ckpt_key: str = "",
+    make_engine: EngineFactory | None = None,
 ) -> list[dict]:
     """Train in place on `episodes` (with ids: rollout.sequence.render); per-epoch metrics. With
-    `ckpt_dir`, resumes from a checkpoint of the same run (`ckpt_key`) and writes one per epoch."""
-    batch = sft_batch(policy, episodes)
-    if not batch.rows:
-        raise ValueError(f"{desc}: no training episodes")
-    model = policy.model
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(policy.trainable(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = math.ceil(batch.rows / cfg.batch_size)
-    sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * steps_per_epoch)
-    lengths = batch.attention_mask.sum(1).tolist()
-    history, start = [], 0
-    state = checkpoint.load(ckpt_dir, ckpt_key, gen=gen) if ckpt_dir else None
-    if state is not None:
-        start, history = resume(state, model, opt, sched, ckpt_dir, desc, "epoch", log)
-    for epoch in range(start, cfg.epochs):
-        model.train()
-        tot_loss, tot_tok, correct = 0.0, 0, 0
-        bar = tqdm(length_grouped(lengths, cfg.batch_size, gen), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
-                   leave=False)
-        for rows in bar:
-            with policy.autocast():
-                logp, _ = token_logprobs(model, batch.select(rows), with_entropy=False)
-            loss = -logp.mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.trainable(), cfg.max_grad_norm)
-            opt.step()
-            sched.step()
-            n = logp.numel()
-            tot_loss += loss.item() * n
-            tot_tok += n
-            correct += int((logp > math.log(0.5)).sum())  # the argmax for sure when p > 0.5
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        row = {"epoch": epoch + 1, "loss": tot_loss / tot_tok, "token_acc": correct / tot_tok, "lr": sched.get_last_lr()[0]}
-        history.append(row)
-        if log:
-            log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, epoch + 1)
-        if ckpt_dir:
-            checkpoint.save(ckpt_dir, ckpt_key, {"model": model.state_dict(), "opt": opt.state_dict(),
-                                                 "sched": sched.state_dict(), "done": epoch + 1, "history": history},
-                            gen=gen)
-    model.eval()
-    return history
+    `ckpt_dir`, resumes from a checkpoint of the same run (`ckpt_key`) and writes one per epoch.
 
-
-def train_supervised_ranks(
-    rank,
-    policy: Policy,
-    episodes: list[Episode],
-    cfg: OptimConfig,
-    seed: int,
-    desc: str = "sft",
-    ckpt_dir: Path | None = None,
-    ckpt_key: str = "",
-) -> tuple[list[dict], dict | None]:
-    """`train_supervised` as one of the data-parallel DeepSpeed ranks (trainers.distributed; every rank
-    calls it). Every rank draws the same minibatches in the same order and runs the forward and
-    backward of its share of each one's rows; its loss (summed reply-token NLL) is scaled by
-    world / the minibatch's reply tokens, so the gradient DeepSpeed averages over ranks is exactly the
-    token-mean gradient of the whole minibatch. Then the same global-norm clipping, AdamW (its state
-    sharded by ZeRO) and warmup-cosine schedule. Rank 0 alone logs (`rank.log`) and writes the
-    checkpoints (one file: full weights, every rank's optimizer shard, schedule, order generator,
-    history). Returns the history and, on rank 0, the final weights as a CPU state dict."""
-    from agentkiln.trainers import distributed
-
+    `make_engine`: the engine (default one process; trainers.distributed.RankFactory on a rank, where
+    every rank calls this). Every minibatch: each rank's loss (the summed NLL of its rows' reply tokens)
+    is scaled by world / the minibatch's reply tokens, so the gradient is the token-mean gradient of the
+    whole minibatch; then global-norm clipping, AdamW and the warmup-cosine schedule. Rank 0 alone logs
+    and writes checkpoints (full weights, the optimizer state: every rank's shard on ranks)."""
     batch = sft_batch(policy, episodes)
     if not batch.rows:
         raise ValueError(f"{desc}: no training episodes")
@@ -157,44 +102,48 @@ def train_supervised_ranks(
     steps_per_epoch = math.ceil(batch.rows / cfg.batch_size)
     # on the client optimizer: ZeRO keeps its param_group dicts, so the schedule's lr reaches AdamW
     sched = warmup_cosine(opt, cfg.warmup_steps, cfg.epochs * steps_per_epoch)
-    engine = distributed.engine(rank, policy.model, opt, cfg.max_grad_norm)
+    engine = (make_engine or local_factory(policy.trainable(), log))(policy.model, opt, cfg.max_grad_norm)
     lengths = batch.attention_mask.sum(1).tolist()
     history, start = [], 0
     if state is not None:
-        distributed.load_optimizer_shards(engine, state["opt"])
+        engine.load_optimizer_state(state["opt"])
         sched.load_state_dict(state["sched"])
         start, history = state["done"], state["history"]
-        if rank.main:
+        if engine.main:
             print(f"{desc}: resumed from {ckpt_dir} after epoch {start}")
-        for row in history:  # the new tracking run gets the history again, as on one process
-            rank.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, row["epoch"])
+        for row in history:  # the new tracking run gets the history again
+            engine.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, row["epoch"])
     for epoch in range(start, cfg.epochs):
         engine.train()
         nll, tot_tok, correct = 0.0, 0, 0
-        for rows in length_grouped(lengths, cfg.batch_size, gen):
-            mine, active = distributed.share(rows, rank)
+        bar = tqdm(length_grouped(lengths, cfg.batch_size, gen), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
+                   leave=False, disable=engine.world > 1)
+        for rows in bar:
+            mine, active = engine.share(rows)
             n = int(batch.loss_mask[rows].sum())
             with policy.autocast():
-                logp, _ = engine(token_logprobs, batch.select(mine), with_entropy=False)
-            engine.backward(-logp.sum() * (rank.world / n if active else 0.0))
-            engine.step()  # clips by the global norm over every rank's gradient shard, then AdamW
+                logp, _ = engine.forward(token_logprobs, batch.select(mine), with_entropy=False)
+            loss = -logp.sum() / n  # the minibatch's token mean (this rank's part of it)
+            engine.zero_grad()
+            engine.backward(loss * engine.world if active else loss * 0.0)
+            engine.step()
             sched.step()
             if active:
                 nll -= float(logp.detach().double().sum())
-                correct += int((logp > math.log(0.5)).sum())
+                correct += int((logp > math.log(0.5)).sum())  # the argmax for sure when p > 0.5
             tot_tok += n
-        nll, correct = distributed.all_sum([nll, float(correct)], rank)
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        nll, correct = engine.all_sum([nll, float(correct)])
         row = {"epoch": epoch + 1, "loss": nll / tot_tok, "token_acc": correct / tot_tok, "lr": sched.get_last_lr()[0]}
         history.append(row)
-        rank.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, epoch + 1)
+        engine.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, epoch + 1)
         if ckpt_dir:
-            shards = distributed.optimizer_shards(rank, engine)
-            weights = distributed.full_state_dict(rank, engine, policy.model)
-            if rank.main:
+            shards, weights = engine.optimizer_state(), engine.weights()  # every rank takes part
+            if engine.main:
                 checkpoint.save(ckpt_dir, ckpt_key, {"model": weights, "opt": shards, "sched": sched.state_dict(),
                                                      "done": epoch + 1, "history": history}, gen=gen)
     engine.eval()
-    return history, distributed.full_state_dict(rank, engine, policy.model)
+    return history
 
 
 def resume(state: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, ckpt_dir: Path, desc: str,
