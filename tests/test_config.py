@@ -224,8 +224,6 @@ OOD_SPLIT = "    ood:  {n_tasks: 80,  seed: 4, mix: {frozenlake_medium: 0.5, pyt
     ([("  init: sft\n  panel", "  init: rl/warmup\n  panel")],
      "  - ablation.init = 'rl/warmup': not a model the pipeline writes; use one of sft, rl/main, distilled"),
     # DeepSpeed ranks: what the rl stage refuses, after synthesize and sft ran
-    ([DEEPSPEED, ("    backend: hf ", "    backend: vllm ")],
-     "  - compute.rollout.backend = 'vllm' with compute.backend = 'deepspeed'"),
     ([DEEPSPEED, ("    main: {init: sft}", "    main: {init: sft, algorithm: ppo}")],
      "  - rl.stages.main.algorithm = 'ppo' with compute.backend = 'deepspeed': the critic is not trained on ranks"),
     ([DEEPSPEED, ("    algorithm: gigpo ", "    algorithm: ppo ")],
@@ -250,21 +248,22 @@ def test_contradictory_settings_are_refused_at_load(tmp_path, pairs, expected):
 
 
 def test_every_contradiction_is_listed_at_once(tmp_path):
-    path = edits(tmp_path, DEEPSPEED, ("    backend: hf ", "    backend: vllm "),
+    path = edits(tmp_path, DEEPSPEED, ("    algorithm: gigpo ", "    algorithm: ppo "),
                  (POLICIES, "  policies: [random, oracle, sft, rl]"), (COMPARE, "  compare: [[sft, random]]"))
     with pytest.raises(ParamsError) as e:
         load_params(path)
     lines = str(e.value).splitlines()
     assert lines[0] == f"{path}: 2 invalid parameter(s):"
-    assert lines[1].startswith("  - promote.candidates: 'distilled'") and lines[2].startswith("  - compute.rollout.backend")
+    assert lines[1].startswith("  - promote.candidates: 'distilled'") and lines[2].startswith("  - rl.defaults.algorithm")
 
 
 def test_consistent_neighbours_of_the_contradictions_still_load(tmp_path):
     """What is refused is the combination, not either setting: ZeRO-3 stays allowed (sft uses it;
-    the rl stage refuses it by name before any work), vLLM without DeepSpeed, ppo on one process."""
+    the rl stage refuses it by name before any work), vLLM with or without DeepSpeed, ppo on one process."""
     assert load_params(edits(tmp_path, DEEPSPEED, ("zero_stage: 2 ", "zero_stage: 3 "),
                              ("offload_params: false", "offload_params: true"))).compute.deepspeed.zero_stage == 3
     assert load_params(edits(tmp_path, ("    backend: hf ", "    backend: vllm "))).compute.rollout.backend == "vllm"
+    assert load_params(edits(tmp_path, DEEPSPEED, ("    backend: hf ", "    backend: vllm "))).compute.backend == "deepspeed"
     assert load_params(edits(tmp_path, ("    main: {init: sft}", "    main: {init: sft, algorithm: ppo}")))
     p = load_params(edits(tmp_path, ("  model_name: agentkiln-policy", "  model_name: Team Policy_v2.1@eu")))
     assert p.promote.model_name == "Team Policy_v2.1@eu"

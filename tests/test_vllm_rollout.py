@@ -241,7 +241,8 @@ def test_requests_of_every_kind_in_one_call_get_their_own_logprobs(rollout, trai
     agent = rollout.agent(1.0, False, 0, 64, {}, None)
     prompt = trained.chat.start("go north")
     wide = list(range(3, 203))
-    reqs = [agent._request(prompt, 8, 7), agent._request(prompt, 1, 7, wide), agent._request(prompt, 1, 7, wide[:5])]
+    gen = agent.gen  # the agent's vLLM generator
+    reqs = [gen._request(prompt, 8, 7), gen._request(prompt, 1, 7, wide), gen._request(prompt, 1, 7, wide[:5])]
     mixed = rollout.generate(reqs)
     alone = [rollout.generate([r])[0] for r in reqs]
     assert mixed == alone
@@ -271,3 +272,42 @@ def test_rl_trains_on_vllm_rollouts_synced_every_iteration_with_the_mismatch_log
     assert all(h["mismatch/max_abs_logp_diff"] < LP_TOL for h in hist)  # synced: same policy, both engines
     assert all(abs(h["mismatch/tis_weight_mean"] - 1) < LP_TOL and h["mismatch/tis_clipped_frac"] == 0 for h in hist)
     assert any(not torch.equal(a, b) for a, b in zip(pol.model.parameters(), trained.model.parameters()))
+
+
+def test_rl_on_deepspeed_ranks_plays_on_vllm_and_follows_the_single_process(vllm_python, rollout, trained, lake_pool,
+                                                                           tmp_path):
+    """Two ZeRO-2 ranks (gloo on the CPU) with compute.rollout.backend vllm: rank 0 starts its own vLLM
+    engine, plays every iteration's rollouts on it after syncing the ranks' weights, and the run
+    follows the single process on vLLM: iteration 1 (same weights, same request seeds) the very same
+    rollouts, every iteration's recomputed log-probs within LP_TOL of vLLM's (the sync reached it)."""
+    import socket
+
+    from agentkiln.config import ComputeParams, RLParams
+    from agentkiln.trainers import distributed
+    from agentkiln.trainers.rl import rl_rank, train_rl
+
+    tasks, tasks_dir = lake_pool
+    p = RLParams(algorithm="grpo", iterations=2, tasks_per_iter=3, group_size=4, max_turns=6, lr=1e-2,
+                 reward={"truncation": {"weight": 0.1}}, kl_coef=0.0, minibatch_size=6, checkpoint_every=0)
+    pol = copy.deepcopy(trained)
+    try:
+        want = train_rl(pol, None, tasks, tasks_dir, p, seed=0, rollout=rollout)
+    finally:
+        rollout.sync(trained)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    compute = ComputeParams(device="cpu", backend="deepspeed",
+                            deepspeed={"num_procs": 2, "zero_stage": 2, "master_port": port},
+                            rollout={"backend": "vllm", "vllm": {"python": vllm_python, "startup_timeout": 600}})
+    job = {"policy": copy.deepcopy(trained), "ref": None, "pool": tasks, "tasks_dir": tasks_dir, "p": p, "seed": 0,
+           "out_dir": tmp_path / "model", "ckpt_dir": None, "ckpt_key": "", "desc": "after"}
+    rows: list[dict] = []
+    done = distributed.launch(rl_rank, job, compute, log=lambda row, step: rows.append({"step": step, **row}))
+    got = done["history"]
+    assert [r["iteration"] for r in got] == [1, 2] and [r["step"] for r in rows] == [1, 2]
+    assert all("mismatch/max_abs_logp_diff" in r and r["mismatch/max_abs_logp_diff"] < LP_TOL for r in got)
+    rollout_keys = {"success", "reward_mean", "turns_mean", "zero_var_groups", "episodes"}
+    assert {k: got[0][k] for k in rollout_keys} == {k: want[0][k] for k in rollout_keys}
+    assert abs(got[0]["pg_loss"] - want[0]["pg_loss"]) < 1e-5
+    assert (tmp_path / "model" / "config.json").is_file()

@@ -919,14 +919,7 @@ def _compute_contradictions(p: Params) -> list[str]:
     # What RL on ranks refuses (trainers.rl.check_ranks) would stop the rl stage after synthesize and sft
     # ran. Only settings that mean nothing to sft are refused here: ZeRO-3 stays allowed (it saves sft
     # memory; the rl stage refuses it, by name, before any work).
-    if c.rollout.backend != "hf":
-        out.append(f"compute.rollout.backend = {c.rollout.backend!r} with compute.backend = 'deepspeed': on ranks, "
-                   "rank 0 plays the rollouts with the in-process engine; use compute.rollout.backend: hf or "
-                   "compute.backend: single")
     for name, override in p.rl.stages.items():
-        if p.rl.stage(name).asynchronous.max_staleness:
-            out.append(f"rl.stages.{name}: asynchronous.max_staleness > 0 with compute.backend = 'deepspeed' is not "
-                       "supported yet (rank 0 plays every rollout); use max_staleness: 0 or compute.backend: single")
         algo = p.rl.stage(name).algorithm
         if registry.estimator(algo).needs_critic:
             where = (f"rl.stages.{name}.algorithm = {algo!r}" if "algorithm" in override

@@ -1,5 +1,6 @@
 """Agents reply to the latest observation of each active episode: the LM policy (one token sequence
-per episode, its KV cache kept across turns) and the random-action baseline.
+per episode; its tokens from a generator: the in-process model with its KV cache kept across turns,
+or vLLM) and the random-action baseline.
 
 `act(episodes, envs)` returns one reply text per episode (None: the episode can no longer go on),
 the engine parses and steps it. The policy agent also writes each episode's token ids: the
@@ -9,13 +10,14 @@ observation pieces it appends and the reply ids exactly as sampled, with their l
 from __future__ import annotations
 
 import random
+from typing import Protocol
 
 import torch
 
 from agentkiln.envs import Env
 from agentkiln.policy.device import generator
 from agentkiln.policy.model import Policy
-from agentkiln.rollout.decoding import TrieCache, sample
+from agentkiln.rollout.decoding import ActionTrie, TrieCache, sample
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.kv import KVRows
 from agentkiln.rollout.sequence import CUT, NEW_WINDOW, add_observation, add_reply
@@ -35,65 +37,97 @@ def decoding_mode(decoding: dict[str, str], family: str, admissible: list[str] |
 
 
 class PolicyAgent:
+    """A policy replying in its chat template: each episode's latest observation appended to its token
+    sequence (a new window when the context is full; cut when even that cannot fit), the reply decoded
+    per family (constrained to the admissible actions through a token trie, or free up to the reply
+    budget) by a generator, and written back with its ids, log-probs and the tokens allowed at each step.
+
+    The generator is where the reply tokens come from (the `Generator` protocol): `HFGenerator` (the
+    in-process model, one KV cache per chunk of episodes kept across turns, the default) or vLLM
+    (rollout.vllm_backend.VLLMGenerator); everything else is this one agent."""
+
     def __init__(self, policy: Policy, temperature: float = 1.0, greedy: bool = False, seed: int = 0,
-                 batch_size: int = 64, decoding: dict[str, str] | None = None, max_reply_tokens: int | None = None):
+                 batch_size: int = 64, decoding: dict[str, str] | None = None, max_reply_tokens: int | None = None,
+                 generator: Generator | None = None):
         self.policy, self.temperature, self.greedy, self.batch_size = policy, temperature, greedy, batch_size
         self.decoding = dict(decoding or {})
         for family, mode in self.decoding.items():
             if mode not in (*DECODING_MODES, "auto"):
                 raise ValueError(f"decoding.{family} = {mode!r}: expected constrained, free or auto")
         self.max_reply_tokens = max_reply_tokens
-        self.generator = generator(policy.device, seed)  # on the logits' device: same seed, same episodes
+        self.gen = generator or HFGenerator(policy, temperature, greedy, seed)
         self._trie = TrieCache(policy)
 
-    # -- a chunk of episodes played in lockstep --------------------------------------------------
     def begin(self, episodes: list[Episode]) -> None:
-        self.kv = KVRows(self.policy.model, self.policy.pad_id, len(episodes))
+        """A chunk of episodes played in lockstep."""
         self.row = {id(ep): r for r, ep in enumerate(episodes)}
-        self.fed = [0] * len(episodes)  # tokens of each row's current window already in the cache
+        self.gen.begin(len(episodes))
 
     def act(self, episodes: list[Episode], envs: list[Env]) -> list[str | None]:
-        self.policy.model.eval()
-        with self.policy.autocast():
-            return self._act(episodes, envs)
-
-    def _act(self, episodes: list[Episode], envs: list[Env]) -> list[str | None]:
-        rows = [self.row[id(ep)] for ep in episodes]
-        budgets = [self.max_reply_tokens or env.max_reply_tokens for env in envs]
-        go = [self._append_observation(r, ep, env, n) for r, ep, env, n in zip(rows, episodes, envs, budgets)]
-        live = [k for k, ok in enumerate(go) if ok]  # cut episodes leave the batch now
-        blocks = {}
-        for k in live:
-            ep = episodes[k]
-            blocks[rows[k]] = ep.window_ids(len(ep.windows) - 1)[self.fed[rows[k]]:]
-        self.kv.prepare([rows[k] for k in live], [len(blocks[rows[k]]) for k in live])
         out: list[str | None] = [None] * len(episodes)
-        if live:
-            texts = self._decode([episodes[k] for k in live], [rows[k] for k in live], [envs[k] for k in live],
-                                 [budgets[k] for k in live], blocks)
-            for k, text in zip(live, texts):
-                out[k] = text
-        return out
-
-    def _append_observation(self, row: int, ep: Episode, env: Env, reply_budget: int) -> bool:
-        """Append the latest observation's ids; a new window restarts the row's cache. False: cut."""
-        tools = env.tool_specs() if self.policy.fmt.native_tools else None
-        status = add_observation(ep, self.policy, reply_budget, tools)
-        if status == NEW_WINDOW:
-            self.kv.restart(row)
-            self.fed[row] = 0
-        return status != CUT
-
-    # -- replies ---------------------------------------------------------------------------------
-    def _decode(self, episodes: list[Episode], rows: list[int], envs: list[Env], budgets: list[int],
-                blocks: dict[int, list[int]]) -> list[str]:
-        chat = self.policy.chat
+        live = []
+        for k, (ep, env) in enumerate(zip(episodes, envs)):
+            budget = self.max_reply_tokens or env.max_reply_tokens
+            tools = env.tool_specs() if self.policy.fmt.native_tools else None
+            status = add_observation(ep, self.policy, budget, tools)
+            if status == NEW_WINDOW:
+                self.gen.restart(self.row[id(ep)])
+            if status != CUT:  # cut episodes leave the batch now
+                live.append((k, ep, budget, tools))
+        if not live:
+            return out
         tries = []
-        for ep, env in zip(episodes, envs):
+        for _, ep, _, tools in live:
             adm = ep.turns[-1].admissible
             constrained = decoding_mode(self.decoding, ep.family, adm) == "constrained"
-            tools = env.tool_specs() if self.policy.fmt.native_tools else None
             tries.append(self._trie(adm, tools) if constrained else None)
+        eps = [ep for _, ep, _, _ in live]
+        replies = self.gen.replies(eps, [self.row[id(ep)] for ep in eps], tries, [b for _, _, b, _ in live])
+        for (k, ep, _, _), trie, (ids, lps, ents, allowed) in zip(live, tries, replies):
+            add_reply(ep, ids, lps, ents, allowed if trie else None)
+            out[k] = trie.action(ids) if trie else self.policy.chat.decode(ids)
+        return out
+
+
+class Generator(Protocol):
+    """Reply tokens for a chunk's live episodes: `replies(episodes, rows, tries, budgets)` returns per
+    episode (ids, log-probs, entropies, the ids allowed at each step); the prompt is each episode's
+    current window (`Episode.window_ids`). `begin(n)` starts a chunk of n rows; `restart(row)`: the
+    row's episode opened a new window."""
+
+    def begin(self, n: int) -> None: ...
+    def restart(self, row: int) -> None: ...
+    def replies(self, episodes: list[Episode], rows: list[int], tries: list[ActionTrie | None],
+                budgets: list[int]) -> list[tuple[list[int], list[float], list[float], list[list[int]]]]: ...
+
+
+class HFGenerator:
+    """The in-process model: the chunk's rows share one KV cache (rollout.kv) kept across turns, fed only
+    the tokens each row's window gained since; every row samples one token per step in lockstep,
+    masked to the trie's allowed tokens where constrained (rollout.decoding.sample)."""
+
+    def __init__(self, policy: Policy, temperature: float, greedy: bool, seed: int):
+        self.policy, self.temperature, self.greedy = policy, temperature, greedy
+        self.generator = generator(policy.device, seed)  # on the logits' device: same seed, same episodes
+
+    def begin(self, n: int) -> None:
+        self.kv = KVRows(self.policy.model, self.policy.pad_id, n)
+        self.fed = [0] * n  # tokens of each row's current window already in the cache
+
+    def restart(self, row: int) -> None:
+        self.kv.restart(row)
+        self.fed[row] = 0
+
+    def replies(self, episodes, rows, tries, budgets):
+        self.policy.model.eval()
+        with self.policy.autocast():
+            return self._replies(episodes, rows, tries, budgets)
+
+    def _replies(self, episodes, rows, tries, budgets):
+        stop = self.policy.chat.stop_ids
+        windows = [ep.window_ids(len(ep.windows) - 1) for ep in episodes]
+        blocks = {r: w[self.fed[r]:] for r, w in zip(rows, windows)}
+        self.kv.prepare(rows, [len(blocks[r]) for r in rows])
         logits = self.kv.feed(blocks)
         n = len(episodes)
         ids: list[list[int]] = [[] for _ in range(n)]
@@ -112,17 +146,14 @@ class PolicyAgent:
                 ents[k].append(e)
                 if a is not None:
                     allowed_log[k].append(a)
-                if not (t in chat.stop_ids or (tries[k] is None and len(ids[k]) >= budgets[k])):
+                if not (t in stop or (tries[k] is None and len(ids[k]) >= budgets[k])):
                     still.append(k)
             live = still
             if live:
                 logits = self.kv.step({rows[k]: ids[k][-1] for k in live})
-        texts = []
-        for k, ep in enumerate(episodes):
-            add_reply(ep, ids[k], lps[k], ents[k], allowed_log[k] if tries[k] else None)
-            self.fed[rows[k]] = ep.window_len(ep.turns[-1].window) - 1  # the last token goes in with the next piece
-            texts.append(tries[k].action(ids[k]) if tries[k] else chat.decode(ids[k]))
-        return texts
+        for k, r in enumerate(rows):
+            self.fed[r] = len(windows[k]) + len(ids[k]) - 1  # the last token goes in with the next piece
+        return list(zip(ids, lps, ents, allowed_log))
 
 
 class RandomAgent:

@@ -60,12 +60,9 @@ from typing import Self
 import torch
 
 from agentkiln.config import VLLMParams
-from agentkiln.envs import Env
 from agentkiln.policy.model import Policy
-from agentkiln.rollout.agents import DECODING_MODES, decoding_mode
-from agentkiln.rollout.decoding import TrieCache
+from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.episode import Episode
-from agentkiln.rollout.sequence import CUT, add_observation, add_reply
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 INSTALL = "bash scripts/install_vllm.sh"
@@ -262,9 +259,10 @@ class VLLMRollout:
 
     # -- agents ----------------------------------------------------------------------------------
     def agent(self, temperature: float, greedy: bool, seed: int, batch_size: int, decoding: dict[str, str],
-              max_reply_tokens: int | None) -> VLLMAgent:
-        """An agent for rollout.engine.run_episodes (PolicyAgent's arguments), on the weights last pushed."""
-        return VLLMAgent(self, self.policy, temperature, greedy, seed, batch_size, decoding, max_reply_tokens)
+              max_reply_tokens: int | None) -> PolicyAgent:
+        """An agent for rollout.engine.run_episodes, its replies from vLLM on the weights last pushed."""
+        return PolicyAgent(self.policy, temperature, greedy, seed, batch_size, decoding, max_reply_tokens,
+                           generator=VLLMGenerator(self, self.policy, temperature, greedy, seed))
 
     def generate(self, reqs: list[dict]) -> list[dict]:
         if not reqs:
@@ -305,35 +303,22 @@ class VLLMRollout:
         self.close()
 
 
-class VLLMAgent:
-    """rollout.agents.PolicyAgent's contract (`begin(episodes)`, `act(episodes, envs)`), replies from vLLM."""
+class VLLMGenerator:
+    """rollout.agents.Generator from vLLM (the agent is rollout.agents.PolicyAgent): each free-form
+    reply is one request; a constrained reply is decoded a token at a time, each step one request
+    masked to the trie's allowed tokens (a forced token, the only one allowed, costs no request), with
+    the log-probs of every allowed token back, so the masked distribution's log-prob and entropy are
+    exact. Request seeds depend on the chunk, row, turn and step only: same seed, same episodes."""
 
-    def __init__(self, rollout: VLLMRollout, policy: Policy, temperature: float, greedy: bool, seed: int,
-                 batch_size: int, decoding: dict[str, str] | None, max_reply_tokens: int | None):
-        self.rollout, self.policy, self.temperature, self.greedy = rollout, policy, temperature, greedy
-        self.seed, self.batch_size, self.max_reply_tokens = seed, batch_size, max_reply_tokens
-        self.decoding = dict(decoding or {})
-        for family, mode in self.decoding.items():
-            if mode not in (*DECODING_MODES, "auto"):
-                raise ValueError(f"decoding.{family} = {mode!r}: expected constrained, free or auto")
-        self._trie = TrieCache(policy)
+    def __init__(self, rollout: VLLMRollout, policy: Policy, temperature: float, greedy: bool, seed: int):
+        self.rollout, self.policy, self.temperature, self.greedy, self.seed = rollout, policy, temperature, greedy, seed
         self.chunk = -1
 
-    def begin(self, episodes: list[Episode]) -> None:
+    def begin(self, n: int) -> None:
         self.chunk += 1
-        self.row = {id(ep): r for r, ep in enumerate(episodes)}
 
-    def act(self, episodes: list[Episode], envs: list[Env]) -> list[str | None]:
-        out: list[str | None] = [None] * len(episodes)
-        live = []
-        for k, (ep, env) in enumerate(zip(episodes, envs)):
-            budget = self.max_reply_tokens or env.max_reply_tokens
-            tools = env.tool_specs() if self.policy.fmt.native_tools else None
-            if add_observation(ep, self.policy, budget, tools) != CUT:  # cut episodes leave the batch now
-                live.append((k, ep, env, budget, tools))
-        for (k, *_), text in zip(live, self._decode(live)):
-            out[k] = text
-        return out
+    def restart(self, row: int) -> None:
+        pass  # no cache kept between requests: every request sends its whole window
 
     def _request(self, prompt: list[int], max_tokens: int, seed: int, allowed: list[int] | None = None) -> dict:
         return {"ids": prompt, "max_tokens": max_tokens, "temperature": 0.0 if self.greedy else self.temperature,
@@ -352,27 +337,21 @@ class VLLMAgent:
         ent = -sum(math.exp(s) * s for s in scored if s > -math.inf)
         return lp, ent
 
-    def _decode(self, live: list[tuple]) -> list[str]:
-        chat = self.policy.chat
-        n = len(live)
-        prompts, tries = [], []
-        for _, ep, env, _, tools in live:
-            prompts.append(ep.window_ids(len(ep.windows) - 1))
-            adm = ep.turns[-1].admissible
-            constrained = decoding_mode(self.decoding, ep.family, adm) == "constrained"
-            tries.append(self._trie(adm, tools) if constrained else None)
+    def replies(self, episodes: list[Episode], rows: list[int], tries: list, budgets: list[int]) -> list[tuple]:
+        stop = self.policy.chat.stop_ids
+        n = len(episodes)
+        prompts = [ep.window_ids(len(ep.windows) - 1) for ep in episodes]
         ids: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         ents: list[list[float]] = [[] for _ in range(n)]
         allowed_log: list[list[list[int]]] = [[] for _ in range(n)]
 
         def seed(i: int, step: int) -> int:
-            ep = live[i][1]
-            return request_seed(self.seed, self.chunk, self.row[id(ep)], len(ep.turns) - 1, step)
+            return request_seed(self.seed, self.chunk, rows[i], len(episodes[i].turns) - 1, step)
 
         # free-form replies: one request each, sent with the first constrained step
         free = [i for i in range(n) if tries[i] is None]
-        reqs = [self._request(prompts[i], live[i][3], seed(i, 0)) for i in free]
+        reqs = [self._request(prompts[i], budgets[i], seed(i, 0)) for i in free]
         todo = [i for i in range(n) if tries[i] is not None]
         first = True
         while first or todo:
@@ -385,10 +364,10 @@ class VLLMAgent:
                     lps[i].append(0.0)
                     ents[i].append(0.0)
                     allowed_log[i].append(allowed)
-                    if t in chat.stop_ids:
+                    if t in stop:
                         break
                     allowed = tries[i].allowed(ids[i])
-                if ids[i] and ids[i][-1] in chat.stop_ids:
+                if ids[i] and ids[i][-1] in stop:
                     continue
                 asked.append((i, allowed))
                 reqs.append(self._request(prompts[i] + ids[i], 1, seed(i, len(ids[i])), allowed))
@@ -405,11 +384,7 @@ class VLLMAgent:
                 lps[i].append(lp)
                 ents[i].append(ent)
                 allowed_log[i].append(allowed)
-                if t not in chat.stop_ids:
+                if t not in stop:
                     still.append(i)
             todo, reqs = still, []
-        texts = []
-        for i, (_, ep, _, _, _) in enumerate(live):
-            add_reply(ep, ids[i], lps[i], ents[i], allowed_log[i] if tries[i] else None)
-            texts.append(tries[i].action(ids[i]) if tries[i] else chat.decode(ids[i]))
-        return texts
+        return list(zip(ids, lps, ents, allowed_log))

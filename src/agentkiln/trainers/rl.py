@@ -28,8 +28,8 @@ resume is exact in both modes.
 The same loop runs on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed; `rl_rank`) over
 a training engine (trainers.engine): rank 0 plays and prepares, every rank gets the batch, `update`
 gives each rank its share of every minibatch's rows with the same share weighting; the same curve to
-float rounding (tests/test_deepspeed.py). PPO (critic), ZeRO-3, vLLM rollouts and asynchronous
-rollouts are refused there (`check_ranks`).
+float rounding (tests/test_deepspeed.py), with rank 0's rollouts on either backend and asynchronous
+rollouts as on one process. PPO (critic) and ZeRO-3 are refused there (`check_ranks`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora, save_policy
 from agentkiln.policy.model import Policy, place
 from agentkiln.rewards import RewardState, needs_potentials, observe_iteration
-from agentkiln.rollout.backends import HFRollout, SnapshotRollout
+from agentkiln.rollout.backends import HFRollout, SnapshotRollout, open_rollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint, distributed, episode_log
@@ -586,15 +586,9 @@ def check_ranks(p: RLParams, compute) -> None:
         free = ", ".join(n for n in registry.estimator_names() if not registry.estimator(n).needs_critic)
         raise ValueError(f"rl: algorithm = {p.algorithm} with compute.backend = deepspeed: the critic is not trained "
                          f"on ranks; use a critic-free algorithm ({free}) or backend single")
-    if p.asynchronous.max_staleness:
-        raise ValueError("rl: asynchronous.max_staleness > 0 with compute.backend = deepspeed is not supported yet: "
-                         "rank 0 plays every rollout; use max_staleness 0 or backend single")
     if compute.deepspeed.zero_stage == 3:
         raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: rank 0 plays the "
                          "rollouts on its own whole copy of the weights, which ZeRO-3 shards; use zero_stage 2")
-    if compute.rollout.backend != "hf":
-        raise ValueError(f"rl: compute.rollout.backend = {compute.rollout.backend} with compute.backend = deepspeed "
-                         "is not supported: on ranks, rank 0 plays the rollouts with the in-process engine (hf)")
 
 
 def rl_rank(rank, job: dict) -> dict | None:
@@ -607,8 +601,12 @@ def rl_rank(rank, job: dict) -> dict | None:
     p = job["p"]
     check_ranks(p, rank.compute)
     factory = distributed.RankFactory(rank)
-    history = train_rl(policy, ref, job["pool"], job["tasks_dir"], p, job["seed"], ckpt_dir=job["ckpt_dir"],
-                       ckpt_key=job["ckpt_key"], make_engine=factory)
+    # rank 0 plays every rollout, on the backend compute.rollout names (vLLM: its engine, synced from rank 0)
+    backend = open_rollout(policy, rank.compute, seed=job["seed"], lora=p.lora.enabled) if rank.main \
+        else contextlib.nullcontext()
+    with backend as rollout:
+        history = train_rl(policy, ref, job["pool"], job["tasks_dir"], p, job["seed"], ckpt_dir=job["ckpt_dir"],
+                           ckpt_key=job["ckpt_key"], rollout=rollout, make_engine=factory)
     weights = factory.engine.weights()  # every rank takes part
     if not rank.main:
         return None
