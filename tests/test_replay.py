@@ -112,3 +112,25 @@ def test_the_replay_command(logged, tmp_path):
     bad = subprocess.run([str(CLI), "replay", str(tmp_path / "nope.jsonl"), "--model", str(model)],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "nope.jsonl: no such file" in bad.stderr
+
+
+def test_a_resumed_run_logs_the_same_episodes_as_an_uninterrupted_one(lake_pool, tmp_path):
+    """A checkpoint keeps the episodes logged so far: a run stopped after iteration 2 and resumed (its
+    episodes file gone, as DVC removes a stage's outputs before running it again) writes the very
+    file of a run that never stopped."""
+    from tests.conftest import task_texts
+
+    tasks, tasks_dir = lake_pool
+    texts = task_texts(tasks, tasks_dir)
+    p = RLParams(iterations=3, tasks_per_iter=2, group_size=4, max_turns=5, lr=5e-2, temperature=1.0,
+                 algorithm="grpo", reward={"truncation": {"weight": 0.1}}, minibatch_size=4, log_episodes=2)
+    trainer.train_rl(policy(texts), None, tasks, tasks_dir, p, seed=5,
+                     log_episodes=episode_logger(whole := tmp_path / "whole.jsonl"))
+    stopped = tmp_path / "stopped.jsonl"
+    trainer.train_rl(policy(texts), None, tasks, tasks_dir, p.model_copy(update={"iterations": 2}), seed=5,
+                     ckpt_dir=tmp_path / "ckpt", ckpt_key="same run", log_episodes=episode_logger(stopped))
+    stopped.unlink()
+    trainer.train_rl(policy(texts), None, tasks, tasks_dir, p, seed=5, ckpt_dir=tmp_path / "ckpt",
+                     ckpt_key="same run", log_episodes=episode_logger(stopped))
+    assert stopped.read_text() == whole.read_text()
+    assert [it for it, _ in load_records(stopped)] == [1, 1, 2, 2, 3, 3]

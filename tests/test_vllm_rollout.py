@@ -12,9 +12,11 @@ engine process dies with its client.
 import copy
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -143,6 +145,19 @@ def test_sync_makes_vllm_follow_the_trainers_new_weights(rollout, trained, lake_
         rollout.sync(trained)  # the module's engine back on the trained weights
     _, back = greedy_pair(trained, rollout, tasks, tasks_dir)
     assert [e.ids for e in back] == [e.ids for e in before]
+
+
+def test_weights_are_handed_over_in_shared_memory_when_it_has_room(rollout, trained, tmp_path):
+    from agentkiln.rollout.vllm_backend import exchange_dir
+
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2**30:
+        assert rollout.tmp.parent == shm and (rollout.tmp / "model" / "model.safetensors").is_file()
+    full = exchange_dir(trained, shm=tmp_path / "no-such-dir")  # no shared memory: the temporary directory
+    try:
+        assert full.parent == Path(tempfile.gettempdir())
+    finally:
+        shutil.rmtree(full)
 
 
 def test_lora_sync_pushes_the_adapter(vllm_python, trained, lake_pool):

@@ -95,6 +95,18 @@ def request_seed(*parts: int) -> int:
     return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest(), "little") >> 1
 
 
+def exchange_dir(policy: Policy, shm: Path = Path("/dev/shm")) -> Path:
+    """Where the trainer hands the engine its weights: shared memory when it has room for three copies
+    of them (a weight sync is then a memory copy, never a disk write), else the temporary directory."""
+    need = 3 * sum(p.numel() * p.element_size() for p in policy.model.parameters())
+    try:
+        if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need:
+            return Path(tempfile.mkdtemp(prefix="agentkiln-vllm-", dir=shm))
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="agentkiln-vllm-"))
+
+
 def _lora_rank(policy: Policy) -> int:
     r = max(cfg.r for cfg in policy.model.peft_config.values())
     fits = [x for x in LORA_RANKS if x >= r]
@@ -123,7 +135,7 @@ class VLLMRollout:
                 "or set compute.rollout.vllm.python to the python of an environment with vllm installed, "
                 "or use compute.rollout.backend: hf")
         self.proc: subprocess.Popen | None = None
-        self.tmp = Path(tempfile.mkdtemp(prefix="agentkiln-vllm-"))
+        self.tmp = exchange_dir(policy)
         self.log_path = self.tmp / "worker.log"
         self.version = 0  # weight versions pushed (LoRA: adapter ids)
         self.stop_ids = sorted(policy.chat.stop_ids)

@@ -93,8 +93,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
                                  [t.task_id for t in pool], files=[init_dir])
     before = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (before)")
     episodes_file = Path(reports_dir) / EPISODES
-    if not checkpoint.resumes(ckpt_dir, key):  # a fresh run: no earlier run's episodes
-        episodes_file.unlink(missing_ok=True)
+    episodes_file.unlink(missing_ok=True)  # a resumed run writes its checkpoint's episodes again
     if p.lora.enabled:
         lora.add_lora(policy, p.lora, seed=params.seed)
     if ranks:

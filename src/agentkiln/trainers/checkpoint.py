@@ -129,17 +129,6 @@ def _state_file(ckpt_dir: Path) -> Path | None:
     return f if f.is_file() else None
 
 
-def resumes(ckpt_dir: Path | None, key: str) -> bool:
-    """Whether a run with this fingerprint would resume from a checkpoint in `ckpt_dir` (nothing restored)."""
-    if ckpt_dir is None or (f := _state_file(Path(ckpt_dir))) is None:
-        return False
-    try:
-        state = torch.load(f, weights_only=False, map_location="cpu")
-    except Exception:  # load() reports the damage when the run starts
-        return False
-    return isinstance(state, dict) and state.get("fingerprint") == key
-
-
 def load(ckpt_dir: Path, key: str, rng: random.Random | None = None, gen: torch.Generator | None = None) -> dict | None:
     """The saved state (RNGs restored in place) if a checkpoint of this very run exists, else None."""
     ckpt_dir = Path(ckpt_dir)

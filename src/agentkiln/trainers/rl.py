@@ -466,7 +466,8 @@ def train_rl(
     policy with its adapters off) stays frozen. `rollout`: the backend (rollout.backends; default the
     in-process engine), synced with the weights before every iteration's rollouts. With `ckpt_dir`,
     resumes from a checkpoint of the same run (`ckpt_key`) and writes new ones. `log_episodes(it,
-    sample)` gets `p.log_episodes` of each iteration's trained episodes (trainers.episode_log). Returns
+    sample)` gets `p.log_episodes` of each iteration's trained episodes (trainers.episode_log; a
+    checkpoint keeps them, and a resumed run hands them over again, as it logs the curve again). Returns
     per-iteration metrics.
 
     `make_engine`: the training engine (trainers.engine; default one process). On DeepSpeed ranks
@@ -487,6 +488,7 @@ def train_rl(
     sampler = make_sampler(pool, p)
     rewards = RewardState(p, seed)  # adaptive success, process model, judge: updated every iteration
     history: list[dict] = []
+    logged: list[tuple[int, list[dict]]] = []  # (iteration, its sample of episodes): what log_episodes got
     start = played = 0
     state = checkpoint.load(ckpt_dir, ckpt_key, rng, gen) if ckpt_dir else None  # every rank reads it
     if state is not None:
@@ -504,6 +506,10 @@ def train_rl(
             print(f"rl: resumed from {ckpt_dir} after iteration {start}")
         for row in history:  # the new tracking run gets the whole curve
             engine.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, row["iteration"])
+        logged = state.get("episodes_logged") or []
+        for it, sample in logged:  # and the episodes logged so far (DVC removed the stage's file)
+            if log_episodes:
+                log_episodes(it, sample)
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
@@ -523,7 +529,13 @@ def train_rl(
             payload = None
             if engine.main:
                 payload = _iteration(it, flight, policy, ref, critic, pool, tasks_dir, p, rng, seed, played, rollout,
-                                     sampler, rewards, total, log_episodes)
+                                     sampler, rewards, total)
+                sample = payload[-1]
+                if sample:
+                    logged.append((it + 1, sample))
+                    if log_episodes:
+                        log_episodes(it + 1, sample)
+                payload = payload[:-1]
             batch, values, returns, row = engine.broadcast(payload)  # one process: the same objects
             played = row["episodes"]
             if batch is not None and batch.rows:
@@ -538,7 +550,7 @@ def train_rl(
                         "history": history, "critic": critic.state_dict() if critic else None,
                         "critic_opt": critic_opt.state_dict() if critic_opt else None,
                         "sampler": sampler.state_dict(), "rewards": rewards.state_dict(),
-                        "in_flight": flight.state()}, rng, gen)
+                        "in_flight": flight.state(), "episodes_logged": logged}, rng, gen)
     finally:
         if flight is not None:
             flight.close()
@@ -548,10 +560,10 @@ def train_rl(
 
 def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, critic: Critic | None,
                pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int, played: int,
-               rollout, sampler: TaskSampler, rewards: RewardState, total: int,
-               log_episodes: Callable[[int, list[dict]], None] | None) -> tuple:
+               rollout, sampler: TaskSampler, rewards: RewardState, total: int) -> tuple:
     """Rank 0's part of iteration `it`: its episodes (from the flight, within the staleness bound),
-    their batch with advantages, and the iteration's metrics row: (batch, values, returns, row)."""
+    their batch with advantages, the iteration's metrics row and the sample of its episodes to log:
+    (batch, values, returns, row, sample)."""
     first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
     episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
                                          None if p.episode_budget is None else p.episode_budget - played,
@@ -574,9 +586,8 @@ def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, cr
               f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
     row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
            **reward_row, "async/staleness": staleness}
-    if log_episodes and p.log_episodes and episodes:
-        log_episodes(it + 1, episode_log.sample(episodes, p.log_episodes, p.temperature))
-    return batch, values, returns, row
+    sample = episode_log.sample(episodes, p.log_episodes, p.temperature) if p.log_episodes and episodes else []
+    return batch, values, returns, row, sample
 
 
 # --------------------------------------------------------------------------- DeepSpeed ranks
