@@ -167,7 +167,8 @@ def replay(
     except ReplayError as e:
         fail(str(e))
     try:
-        params = load_params() if model in ("sft", "rl", "distilled") or not Path(model).exists() else None
+        # params.yaml names the pipeline's models and an RL checkpoint's starting model; nothing else needs it
+        params = load_params() if model in ("sft", "rl", "distilled") or (Path(model) / "state.pt").is_file() else None
         policy = resolve_policy(model, params)
         if policy is None:
             fail(f"--model {model}: a baseline has no log-probs; give a trained model")

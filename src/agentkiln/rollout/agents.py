@@ -49,7 +49,7 @@ class PolicyAgent:
     def __init__(self, policy: Policy, temperature: float = 1.0, greedy: bool = False, seed: int = 0,
                  batch_size: int = 64, decoding: dict[str, str] | None = None, max_reply_tokens: int | None = None,
                  generator: Generator | None = None):
-        self.policy, self.temperature, self.greedy, self.batch_size = policy, temperature, greedy, batch_size
+        self.policy, self.batch_size = policy, batch_size
         self.decoding = dict(decoding or {})
         for family, mode in self.decoding.items():
             if mode not in (*DECODING_MODES, "auto"):

@@ -273,7 +273,7 @@ class VLLMRollout:
     def agent(self, temperature: float, greedy: bool, seed: int, batch_size: int, decoding: dict[str, str],
               max_reply_tokens: int | None) -> PolicyAgent:
         """An agent for rollout.engine.run_episodes, its replies from vLLM on the weights last pushed."""
-        return PolicyAgent(self.policy, temperature, greedy, seed, batch_size, decoding, max_reply_tokens,
+        return PolicyAgent(self.policy, batch_size=batch_size, decoding=decoding, max_reply_tokens=max_reply_tokens,
                            generator=VLLMGenerator(self, self.policy, temperature, greedy, seed))
 
     def generate(self, reqs: list[dict]) -> list[dict]:

@@ -15,13 +15,17 @@ from agentkiln.rollout.episode import Episode, Turn
 from agentkiln.trainers.batch import Batch
 
 
+def per_turn_sum(batch: Batch, column: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A [R, T] column summed over each turn's reply tokens, in the order of `batch.turns`."""
+    return torch.zeros(len(batch.turns), dtype=dtype).index_add(0, batch.flat(batch.turn_index),
+                                                               batch.flat(column).to(dtype))
+
+
 def annotate(batch: Batch, episodes: list[Episode], trainer_logp: torch.Tensor | None = None) -> None:
     """Write each turn's mean token advantage (and summed recomputed log-prob) onto the episode's turns."""
-    tok_turn = batch.flat(batch.turn_index)
-    n = len(batch.turns)
-    counts = torch.zeros(n).index_add(0, tok_turn, torch.ones(len(tok_turn)))
-    adv = torch.zeros(n).index_add(0, tok_turn, batch.flat(batch.advantages).float()) / counts.clamp(min=1)
-    lp = None if trainer_logp is None else torch.zeros(n).index_add(0, tok_turn, batch.flat(trainer_logp).float())
+    counts = per_turn_sum(batch, batch.loss_mask)
+    adv = per_turn_sum(batch, batch.advantages) / counts.clamp(min=1)
+    lp = None if trainer_logp is None else per_turn_sum(batch, trainer_logp)
     for i, (e, k) in enumerate(batch.turns):
         turn = episodes[e].turns[k]
         turn.advantage = float(adv[i])

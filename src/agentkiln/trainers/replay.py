@@ -63,9 +63,7 @@ def rescore(policy: Policy, rec: dict) -> list[float]:
                           f"({vocab}); replay it under a checkpoint of the same model")
     batch = build_batch([ep], policy.pad_id)
     logp = score(policy, batch, rec.get("temperature", 1.0), rows_per_pass=max(1, batch.rows))
-    n = len(batch.turns)
-    sums = torch.zeros(n, dtype=torch.float64).index_add(
-        0, batch.flat(batch.turn_index), batch.flat(logp).double())
+    sums = episode_log.per_turn_sum(batch, logp, torch.float64)
     out = [0.0] * len(ep.turns)
     for i, (_, k) in enumerate(batch.turns):
         out[k] = float(sums[i])

@@ -528,14 +528,12 @@ def train_rl(
                 break
             payload = None
             if engine.main:
-                payload = _iteration(it, flight, policy, ref, critic, pool, tasks_dir, p, rng, seed, played, rollout,
-                                     sampler, rewards, total)
-                sample = payload[-1]
+                payload, sample = _iteration(it, flight, policy, ref, critic, pool, tasks_dir, p, rng, seed, played,
+                                             sampler, rewards, total)
                 if sample:
                     logged.append((it + 1, sample))
                     if log_episodes:
                         log_episodes(it + 1, sample)
-                payload = payload[:-1]
             batch, values, returns, row = engine.broadcast(payload)  # one process: the same objects
             played = row["episodes"]
             if batch is not None and batch.rows:
@@ -560,10 +558,11 @@ def train_rl(
 
 def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, critic: Critic | None,
                pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int, played: int,
-               rollout, sampler: TaskSampler, rewards: RewardState, total: int) -> tuple:
+               sampler: TaskSampler, rewards: RewardState, total: int) -> tuple[tuple, list[dict]]:
     """Rank 0's part of iteration `it`: its episodes (from the flight, within the staleness bound),
-    their batch with advantages, the iteration's metrics row and the sample of its episodes to log:
-    (batch, values, returns, row, sample)."""
+    their batch with advantages and the iteration's metrics row (batch, values, returns, row: what
+    every rank gets), and the sample of its episodes to log."""
+    rollout = flight.rollout
     first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
     episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
                                          None if p.episode_budget is None else p.episode_budget - played,
@@ -587,7 +586,7 @@ def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, cr
     row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
            **reward_row, "async/staleness": staleness}
     sample = episode_log.sample(episodes, p.log_episodes, p.temperature) if p.log_episodes and episodes else []
-    return batch, values, returns, row, sample
+    return (batch, values, returns, row), sample
 
 
 # --------------------------------------------------------------------------- DeepSpeed ranks
