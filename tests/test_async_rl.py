@@ -1,6 +1,13 @@
-"""Asynchronous RL (trainers.rl.InFlight): the next iteration's rollouts play on a snapshot of the
+"""Asynchronous RL (trainers.inflight.InFlight): the next iteration's rollouts play on a snapshot of the
 weights while this one trains; every consumed batch within the staleness bound, deterministic, resumable
 exactly; the off-policy corrections by hand."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -9,7 +16,8 @@ from agentkiln.config import ModelParams, RLParams
 from agentkiln.policy import AgentFormat, build_scratch_policy
 from agentkiln.trainers import rl as trainer
 
-from tests.conftest import task_texts
+from tests.conftest import ROOT, task_texts
+from tests.processes import alive, descendants
 from tests.test_rl_trainer import fixed_batch
 
 TINY = ModelParams(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=400, max_context=1024)
@@ -44,7 +52,7 @@ def test_staleness_one_plays_each_batch_one_version_behind_within_the_bound_dete
     assert hist[0]["mismatch/abs_logp_diff"] < 1e-4
     assert all(h["mismatch/abs_logp_diff"] > 1e-3 for h in hist[1:] if h["trained_tokens"]), hist
     assert all("mismatch/k3_kl" in h and "mismatch/tis_weight_mean" in h for h in hist)
-    again, pol2 = run(texts, lake_pool, params(1))  # threads' timing does not matter
+    again, pol2 = run(texts, lake_pool, params(1))  # the process's and the trainer's timing do not matter
     assert again == hist
     assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))
     threaded, _ = run(texts, lake_pool, params(1).model_copy(update={"asynchronous": params(1).asynchronous.model_copy(
@@ -109,9 +117,95 @@ def test_each_iteration_logs_a_sample_of_what_the_trainer_saw(lake_pool, texts):
         assert len({e["group"] for e in eps}) == 2  # one episode per group
         for e in eps:
             assert e["policy_version"] == (0 if it == 1 else it - 2)  # one version behind, the first on time
-            assert e["turns"] and all(t["advantage"] is not None and t["trainer_logp"] is not None for t in e["turns"])
+            # correction none recomputes nothing before the update: no trainer log-prob to log
+            assert e["turns"] and all(t["advantage"] is not None and t["trainer_logp"] is None for t in e["turns"])
             # the advantage of an episode-level estimator (grpo) is the same on every turn of an episode
             assert len({round(t["advantage"], 5) for t in e["turns"]}) == 1
             assert all(t["behaviour_logp"] <= 0 and t["tokens"] > 0 for t in e["turns"])
     # a won episode has its group's highest reward: its advantage is never negative
     assert all(e["turns"][0]["advantage"] >= 0 for _, eps in logged for e in eps if e["won"])
+
+
+def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monkeypatch):
+    """The rollout process and the trainer claim an asynchronous flight's chunks (one group each here)
+    from one counter: a trainer that plays none of them, or every one, trains to the same weights."""
+    from agentkiln.trainers import inflight
+
+    torch.set_num_threads(1)  # the thread worker plays on the trainer's threads; the others on one
+    p = params(1, rollout_batch=4)  # 2 tasks x 4 episodes: 2 chunks per iteration
+    runs = {}
+    for who in ("process", "trainer", "thread"):
+        with monkeypatch.context() as m:
+            if who == "process":  # the trainer claims nothing: the process plays every chunk
+                m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
+            q = p if who != "thread" else p.model_copy(update={"asynchronous": p.asynchronous.model_copy(
+                update={"worker": "thread"})})
+            if who == "trainer":  # the process is never told of a flight: the trainer plays every chunk
+                m.setattr(inflight.RolloutProcess, "launch", _announce_to_nobody)
+            runs[who] = run(texts, lake_pool, q)
+    (hist, pol), *others = runs.values()
+    assert [h["async/staleness"] for h in hist] == [0, 1, 1, 1]
+    for other, pol2 in others:
+        assert other == hist
+        assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))
+
+
+def _announce_to_nobody(self, fid, weights, parts, seeds):
+    with self.counter.get_lock():
+        self.counter[0], self.counter[1] = fid, 0
+
+
+def test_correction_none_recomputes_nothing_and_measures_the_mismatch_on_the_update(lake_pool, texts, monkeypatch):
+    calls = []
+    real = trainer.score
+    monkeypatch.setattr(trainer, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    p = params(1, kl_coef=0.0).model_copy(update={"minibatch_size": 8})  # one minibatch: its forward pass is on the weights the batch is prepared on
+    p = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"correction": "none"})})
+    hist, _ = run(texts, lake_pool, p)
+    assert calls == []  # no recomputation pass (and kl_coef 0: no reference pass)
+    assert hist[0]["mismatch/abs_logp_diff"] < 1e-4  # the first batch was played on the trainer's weights
+    assert all(h["mismatch/abs_logp_diff"] > 1e-3 for h in hist[1:] if h["trained_tokens"]), hist
+    assert all("mismatch/tis_weight_mean" not in h and "mismatch/alarm" in h for h in hist if h["trained_tokens"])
+
+
+KILLED_TRAINER = """
+import sys
+from pathlib import Path
+from agentkiln.config import ModelParams, RLParams
+from agentkiln.policy import AgentFormat, build_scratch_policy
+from agentkiln.synthesis.generate import generate
+from agentkiln.trainers import rl as trainer
+from tests.conftest import task_texts
+
+out = Path(sys.argv[1])
+tasks = generate("gym-toytext", 6, seed=3, level="easy", out_dir=out, game="frozenlake")
+model = ModelParams(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=400, max_context=1024)
+pol = build_scratch_policy(model, task_texts(tasks, out), AgentFormat(), seed=0)
+p = RLParams(iterations=100000, tasks_per_iter=2, group_size=4, max_turns=5, minibatch_size=4, rollout_batch=4,
+             asynchronous={"max_staleness": 1})
+trainer.train_rl(pol, None, tasks, out, p, seed=0, log=lambda row, step: print("iteration", step, flush=True))
+"""
+
+
+def test_the_rollout_process_dies_with_a_killed_trainer(tmp_path):
+    """SIGKILL to the trainer (no handler runs): its rollout process goes too (nothing a run starts outlives it)."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # a few iterations: the rollout process is at work
+            if line.startswith("iteration 3"):
+                break
+        children = descendants(proc.pid)
+        assert children, "the asynchronous trainer started no rollout process"
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if alive(c)], "a rollout process outlived its killed trainer"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for c in descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c[0], signal.SIGKILL)

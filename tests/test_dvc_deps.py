@@ -39,22 +39,69 @@ def stages() -> dict[str, dict]:
 PARAMS_CHECK_ONLY = ("src/agentkiln/synthesis/", "src/agentkiln/algos/")  # see the module docstring
 
 
+# third-party packages the stages import, loaded once before the per-stage forks (they hold no project
+# module, so the project files each fork sees are those its stage module imports)
+HEAVY = ("numpy", "pandas", "pyarrow", "torch", "transformers", "tokenizers", "mlflow", "prefect", "pandera",
+         "great_expectations", "gymnasium", "textworld", "dvc.api")
+
+PROBE = """
+import importlib, json, os, sys
+for name in HEAVY:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+for module, with_params in QUERIES:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fresh child per stage: it imports the stage module alone
+        os.close(r)
+        try:
+            importlib.import_module(module)
+            if 'agentkiln.envs' in sys.modules:  # a stage that plays environments runs whichever families params name
+                from agentkiln.envs import FAMILIES, env_class
+                [env_class(f) for f in FAMILIES]
+            if with_params:
+                from agentkiln.config import load_params
+                load_params()
+            out = json.dumps(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())}))
+            with os.fdopen(w, "w") as pipe:
+                pipe.write(out)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as pipe:
+        files = json.loads(pipe.read())
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, (module, status)
+    print(json.dumps([module, with_params, files]))
+"""
+
+
 @lru_cache(maxsize=None)
+def _all_imports() -> dict[tuple[str, bool], frozenset[str]]:
+    """Project files (relative paths) loaded by importing each stage's module (and, for one, loading
+    params.yaml): one interpreter imports the heavy third-party packages once, then forks a child per query."""
+    queries = sorted({(st["module"], False) for st in stages().values()} | {(stages()["sft"]["module"], True)})
+    code = f"HEAVY = {HEAVY!r}\nQUERIES = {queries!r}\n{PROBE}"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("["):
+            module, with_params, names = json.loads(line)
+            files = set()
+            for f in names:
+                p = Path(f).resolve() if f else None
+                if p is not None and p.is_relative_to(ROOT) and str(p.relative_to(ROOT)).startswith(CODE_ROOTS):
+                    files.add(str(p.relative_to(ROOT)))
+            found[(module, with_params)] = frozenset(files)
+    return found
+
+
 def imported(module: str, with_params: bool = False) -> frozenset[str]:
     """Project files (relative paths) loaded by importing `module` (and loading params.yaml)."""
-    load = "from agentkiln.config import load_params\nload_params()\n" if with_params else ""
-    # a stage that plays environments runs whichever families params name: all of them count
-    envs = ("if 'agentkiln.envs' in sys.modules:\n    from agentkiln.envs import FAMILIES, env_class\n"
-            "    [env_class(f) for f in FAMILIES]\n")
-    code = (f"import json, sys\nimport {module}\n{envs}{load}"
-            "print(json.dumps(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())})))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    files = set()
-    for f in json.loads(out.strip().splitlines()[-1]):
-        p = Path(f).resolve() if f else None
-        if p is not None and p.is_relative_to(ROOT) and str(p.relative_to(ROOT)).startswith(CODE_ROOTS):
-            files.add(str(p.relative_to(ROOT)))
-    return frozenset(files)
+    return _all_imports()[(module, with_params)]
 
 
 def covered(path: str, deps: list[str]) -> bool:

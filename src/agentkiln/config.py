@@ -393,25 +393,29 @@ def merge_stage(base: dict, override: dict) -> dict:
 
 
 class AsyncParams(_Strict):
-    """Asynchronous RL (agentkiln.trainers.rl, docs/rl.md "Asynchronous RL"): the next iteration's
+    """Asynchronous RL (agentkiln.trainers.inflight, docs/rl.md "Asynchronous RL"): the next iteration's
     rollouts play on a snapshot of the weights while this iteration trains, so an episode's policy
     lags the trainer's by up to `max_staleness` versions; the trainer recomputes each token's log-prob
     under its own weights before the update (the proximal policy of decoupled PPO) and corrects for
-    the gap between that and the behaviour policy that sampled it."""
+    the gap between that and the behaviour policy that sampled it, or (`correction: none`) takes PPO's
+    ratio against the behaviour log-probs directly."""
 
     max_staleness: int = Field(0, ge=0, le=1, description="policy versions an episode may lag the trainer "
                                "(0: synchronous, every iteration plays on the weights it trains; 1: one iteration "
                                "of rollouts in flight while the trainer updates)")
     correction: Literal["decoupled", "masked", "none"] = Field(
         "decoupled", description="decoupled: PPO's ratio against the proximal policy (the trainer's weights "
-        "before the update), each token weighted by min(pi_prox / pi_behaviour, is_cap) (AReaL); masked: the "
-        "same ratio, tokens whose weight is outside [1 / is_cap, is_cap] dropped (masked IS); none: the "
-        "behaviour log-probs as PPO's old log-probs, no weights")
+        "before the update, one extra forward pass), each token weighted by min(pi_prox / pi_behaviour, is_cap) "
+        "(AReaL); masked: the same ratio, tokens whose weight is outside [1 / is_cap, is_cap] dropped (masked IS); "
+        "none: no extra pass, PPO's ratio against the behaviour log-probs (verl's bypass mode), the mismatch "
+        "measured on the update's own forward passes")
     is_cap: float = Field(2.0, ge=1, le=1e4, description="the importance weight's cap (decoupled) or band (masked)")
     worker: Literal["process", "thread"] = Field(
-        "process", description="where the in-process engine plays the next iteration: a rollout process with "
-        "its own copy of the weights and one torch thread (sent in memory each iteration; no GIL shared with "
-        "the trainer), or a thread of the trainer's process (vLLM rollouts always use a thread)")
+        "process", description="who plays the next iteration with the in-process engine: a rollout process with "
+        "its own copy of the weights (shared memory) on one torch thread, the trainer playing the chunks it has "
+        "not claimed once its update is done (the trainer then trains on one thread fewer); or a thread of the "
+        "trainer's process (vLLM rollouts always use a thread). Chunks are rollout_batch episodes (whole groups), "
+        "each with its own seed: the same bytes whoever plays them")
     kl_alarm: float = Field(0.05, gt=0, le=100, description="an iteration whose k3 KL(behaviour || trainer) "
                             "exceeds this is reported (a warning and mismatch/alarm = 1)")
 

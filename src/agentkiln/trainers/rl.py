@@ -16,13 +16,15 @@ One iteration, top to bottom:
 4. Health metrics (entropy, KL, clip fraction, grad norm, reply length, zero-variance groups,
    success per task type) and, every `checkpoint_every` iterations, a resumable checkpoint.
 
-Every iteration's episodes are played in a worker thread (`InFlight`). Synchronous (the default,
-`asynchronous.max_staleness: 0`), the trainer waits for them. Asynchronous (`max_staleness: 1`), the
-next iteration's tasks are dealt and its episodes played on a snapshot of the weights
-(rollout.backends.SnapshotRollout, or vLLM) while this iteration prepares and updates, so each batch
-comes from the policy one version behind the trainer; `prepare` recomputes its log-probs under the
-trainer's weights (decoupled PPO's proximal policy) and weights or masks tokens by the importance
-ratio (`asynchronous.correction`). Checkpoints hold what is in flight (its tasks and weights), so
+Every iteration's episodes are played by a worker (trainers.inflight.InFlight). Synchronous (the
+default, `asynchronous.max_staleness: 0`), the trainer waits for them. Asynchronous (`max_staleness:
+1`), the next iteration's tasks are dealt and its episodes played on a snapshot of the weights (a
+rollout process that the trainer helps once its update is done, a thread, or vLLM) while this
+iteration prepares and updates, so each batch comes from the policy one version behind the trainer;
+`prepare` recomputes its log-probs under the trainer's weights (decoupled PPO's proximal policy) and
+weights or masks tokens by the importance ratio (`asynchronous.correction`), or, with `correction:
+none`, PPO's ratio is taken against the behaviour log-probs and the mismatch measured on the update's
+own forward passes (no extra pass). Checkpoints hold what is in flight (its tasks and weights), so
 resume is exact in both modes.
 
 The same loop runs on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed; `rl_rank`) over
@@ -36,8 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +51,7 @@ from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora, save_policy
 from agentkiln.policy.model import Policy, place
-from agentkiln.rewards import RewardState, needs_potentials, observe_iteration
+from agentkiln.rewards import RewardState, observe_iteration
 from agentkiln.rollout.backends import HFRollout, SnapshotRollout, open_rollout
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
@@ -61,18 +61,7 @@ from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 from agentkiln.trainers.engine import Engine, EngineFactory, local_factory
-
-def iteration_seed(seed: int, it: int) -> int:
-    """The seed of iteration `it`'s rollouts: the same whoever plays them and whenever."""
-    return seed * 100_003 + it * 101
-
-
-def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int) -> list[Episode]:
-    """One round: G episodes per task from the same initial state, on the rollout backend."""
-    agent = rollout.agent(p.temperature, False, seed, p.rollout_batch, p.decoding, p.max_reply_tokens)
-    return run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
-                        potentials=needs_potentials(p.reward))
-
+from agentkiln.trainers.inflight import InFlight, iteration_seed, play
 
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
             budget_left: int | None = None, rollout=None, sampler: TaskSampler | None = None,
@@ -159,6 +148,13 @@ def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | 
     return weight, stats
 
 
+def bypassed(p: RLParams) -> bool:
+    """Asynchronous with `correction: none`: no recomputation before the update (verl's bypass mode);
+    PPO's ratio is taken against the behaviour log-probs, and the mismatch is measured on the update's
+    own forward passes (`update`)."""
+    return bool(p.asynchronous.max_staleness) and p.asynchronous.correction == "none"
+
+
 def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes: list[Episode], p: RLParams,
             recompute: bool = False, rewards: RewardState | None = None
             ) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None, dict]:
@@ -171,19 +167,17 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     batch = build_batch(episodes, policy.pad_id)
     micro = p.micro_batch_size or p.minibatch_size
     stats: dict = {}
-    tis = None
+    tis = trainer_logp = None
     cap = p.tis_cap
-    if recompute:
+    a = p.asynchronous
+    if recompute and not bypassed(p):
         trainer_logp = score(policy, batch, p.temperature, micro)
-        a = p.asynchronous
         if a.max_staleness:  # the behaviour policy lags the trainer: the chosen off-policy correction
-            cap = None if a.correction == "none" else a.is_cap
+            cap = a.is_cap
             tis, stats = rollout_mismatch(batch, trainer_logp, cap, masked=a.correction == "masked")
-            stats["mismatch/alarm"] = float(stats["mismatch/k3_kl"] > a.kl_alarm)
         else:
             tis, stats = rollout_mismatch(batch, trainer_logp, cap)
-        if not (a.max_staleness and a.correction == "none"):
-            batch.old_logp = trainer_logp  # the proximal policy: PPO's ratio is taken against it
+        batch.old_logp = trainer_logp  # the proximal policy: PPO's ratio is taken against it
     if p.kl_coef > 0 and (ref is not None or lora.has_lora(policy)):
         batch.ref_logp = score(ref or policy, batch, p.temperature, micro, base=ref is None)
     token_kl = None
@@ -197,7 +191,7 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     batch.advantages, returns = advantages(batch, episodes, p, token_kl, values, rewards)
     if tis is not None and cap is not None:
         batch.advantages[batch.loss_mask] = batch.flat(batch.advantages) * tis
-    episode_log.annotate(batch, episodes, trainer_logp if recompute else None)
+    episode_log.annotate(batch, episodes, trainer_logp)
     if critic is None:
         signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
         batch = batch.select(signal.nonzero().squeeze(-1))
@@ -234,8 +228,9 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
     token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level  # share of tokens, else of sequences
+    measure = bypassed(p)
     engine.train()
-    for _ in range(p.ppo_epochs):
+    for epoch in range(p.ppo_epochs):
         order = torch.randperm(batch.rows, generator=gen).tolist()
         for i in range(0, len(order), p.minibatch_size):
             mb = batch.select(order[i : i + p.minibatch_size])
@@ -249,7 +244,7 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
             for k in range(0, part.rows, size):
                 micro = part.select(rows[k : k + size])
                 share = (micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq) if active else 0.0
-                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world).items():
+                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world, measure and epoch == 0).items():
                     acc[key] += v * share
             keys = sorted(acc)
             for key, v in zip(keys, engine.all_sum([acc[key] for key in keys])):
@@ -272,9 +267,11 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
 
 
-def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weight: float) -> dict:
+def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weight: float,
+                mismatch: bool = False) -> dict:
     """Backpropagate one micro-batch's loss times `weight` (its share of the minibatch times the world)
-    through the engine; return its stats.
+    through the engine; return its stats (`mismatch`: also the behaviour / trainer mismatch of its
+    tokens, the trainer's log-probs being this forward pass's: bypassed asynchronous RL).
 
     loss = policy loss + kl_coef * agg(KL to the reference) (unless folded into the rewards)
            - entropy_coef * agg(token entropy), every term reduced by `loss_agg`."""
@@ -294,6 +291,10 @@ def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weigh
     ent = aggregate(entropy.detach(), p.loss_agg, seq, norm_len)
     if p.entropy_coef > 0:
         loss = loss + entropy_bonus(entropy, p.entropy_coef, p.loss_agg, seq, norm_len)
+    if mismatch:  # every rank has the keys (their stats are summed over ranks)
+        delta = logp.detach().float() - old.float()
+        stats |= {"mismatch/abs_logp_diff": float(delta.abs().mean()) if len(delta) else 0.0,
+                  "mismatch/k3_kl": float((delta.exp() - 1 - delta).mean()) if len(delta) else 0.0}
     engine.backward(loss * weight)
     return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
 
@@ -342,110 +343,6 @@ def greedy_success(policy: Policy, tasks: list[TaskSpec], tasks_dir: Path, p: RL
     agent = HFRollout(policy).agent(1.0, True, 0, p.rollout_batch, p.decoding, p.max_reply_tokens)
     eps = run_episodes(agent, tasks, tasks_dir, p.max_turns, progress=desc)
     return sum(e.won for e in eps) / len(eps)
-
-
-_WORKER: tuple | None = None  # in a rollout process: (its engine, tasks_dir, params)
-
-
-def _worker_init(policy: Policy, tasks_dir: Path, p: RLParams) -> None:
-    """A rollout process's start: its own copy of the policy, one torch thread (the trainer has the rest)."""
-    global _WORKER
-    torch.set_num_threads(1)
-    policy.model.eval().requires_grad_(False)
-    _WORKER = (HFRollout(policy), tasks_dir, p)
-
-
-def _worker_play(weights: dict, tasks: list[TaskSpec], seed: int) -> list[Episode]:
-    rollout, tasks_dir, p = _WORKER
-    rollout.policy.model.load_state_dict(weights)
-    return play(rollout, tasks, tasks_dir, p, seed)
-
-
-class InFlight:
-    """The rollouts of an iteration, in flight: its tasks dealt (on the trainer's thread, from its rng)
-    and its first round of episodes played by a worker.
-
-    `take(it)` returns iteration `it`'s episodes and the policy version that played them (played now,
-    on the current weights, if `it` is not in flight: always when synchronous, and on the first
-    iteration or a resume without a checkpointed flight when asynchronous). With `launch_next`
-    (asynchronous), it then launches `it + 1` on the weights as they are, before this iteration's
-    update, which therefore overlaps those rollouts: one version stale when the trainer takes them.
-    Seeds depend only on the iteration, so a run is deterministic whatever the workers' timing.
-
-    Workers: synchronous, a thread on the live weights (the trainer waits: the same bytes as playing
-    in its own thread). Asynchronous with the in-process engine and `asynchronous.worker: process`, a
-    rollout process holding its own copy of the model, sent the weights (a state dict, in memory) with
-    each launch; with `thread` (or vLLM, a process of its own already), a thread playing on the
-    backend's snapshot (rollout.backends.SnapshotRollout)."""
-
-    def __init__(self, rollout, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int, rng: random.Random,
-                 sampler: TaskSampler, policy: Policy):
-        self.rollout, self.pool, self.tasks_dir, self.p, self.seed = rollout, pool, tasks_dir, p, seed
-        self.rng, self.sampler, self.policy = rng, sampler, policy
-        self.pending: tuple[int, int, list[TaskSpec], Future] | None = None  # iteration, version, tasks, episodes
-        self.weights: dict | None = None  # those the pending flight was launched with (a checkpoint keeps them)
-        self.in_process = bool(p.asynchronous.max_staleness) and p.asynchronous.worker == "process" \
-            and isinstance(rollout, SnapshotRollout)
-        if self.in_process:
-            self.workers = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_worker_init, initargs=(rollout.policy, tasks_dir, p))
-            self.workers.submit(int)  # start it now: it spawns and imports while the first iteration plays here
-            # (the trainer keeps its torch threads: on 2 cores, 1 trainer thread + the rollout's was slower,
-            # 46.4 s vs 43.9 s for the default stage, bench/async_speed.py)
-        else:
-            self.workers = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
-
-    def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
-        if tasks is None:
-            tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
-        seed = iteration_seed(self.seed, it)
-        if self.p.asynchronous.max_staleness and weights is None:
-            weights = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
-        self.weights = weights
-        if self.in_process:
-            future = self.workers.submit(_worker_play, weights, tasks, seed)
-        else:
-            if weights is None:
-                self.rollout.sync(self.policy)
-            elif hasattr(self.rollout, "load"):
-                self.rollout.load(weights)
-            else:  # vLLM: it takes weights from a policy
-                self.rollout.sync(self.policy)
-            future = self.workers.submit(play, self.rollout, tasks, self.tasks_dir, self.p, seed)
-        self.pending = (it, version, tasks, future)
-
-    def take(self, it: int, launch_next: bool) -> tuple[list[Episode], int]:
-        if self.in_process and (self.pending is None or self.pending[0] != it):
-            # nothing in flight (the first iteration): played here on the snapshot while the rollout
-            # process starts (spawn and imports take seconds), rather than waiting for it
-            tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
-            self.rollout.sync(self.policy)
-            episodes, version = play(self.rollout, tasks, self.tasks_dir, self.p, iteration_seed(self.seed, it)), it
-        else:
-            if self.pending is None or self.pending[0] != it:
-                self._launch(it, version=it)
-            _, version, _, future = self.pending
-            episodes = future.result()
-        self.pending = None
-        if launch_next:
-            self._launch(it + 1, version=it)  # the weights before this iteration's update
-        return episodes, version
-
-    def state(self) -> dict | None:
-        """What a checkpoint keeps of the flight: its iteration, version, tasks and weights."""
-        if self.pending is None:
-            return None
-        it, version, tasks, _ = self.pending
-        return {"iteration": it, "version": version, "task_ids": [t.task_id for t in tasks], "weights": self.weights}
-
-    def restore(self, state: dict) -> None:
-        """Relaunch a checkpointed flight: the same tasks on the same weights (exact; vLLM, which takes
-        weights only from the live policy, plays it on the resumed trainer's)."""
-        by_id = {t.task_id: t for t in self.pool}
-        self._launch(state["iteration"], state["version"], [by_id[i] for i in state["task_ids"]], state["weights"])
-
-    def close(self) -> None:
-        self.workers.shutdown(wait=True, cancel_futures=True)
 
 
 def train_rl(
@@ -538,6 +435,11 @@ def train_rl(
             played = row["episodes"]
             if batch is not None and batch.rows:
                 row |= update(engine, policy, critic, batch, p, critic_opt, gen, values, returns)
+            if p.asynchronous.max_staleness and "mismatch/k3_kl" in row:
+                row["mismatch/alarm"] = float(row["mismatch/k3_kl"] > p.asynchronous.kl_alarm)
+                if row["mismatch/alarm"] and engine.main:
+                    print(f"rl: iteration {it + 1}: KL(behaviour || trainer) {row['mismatch/k3_kl']:.4f} is above "
+                          f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
             history.append(row)
             engine.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
             if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
@@ -580,9 +482,6 @@ def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, cr
     mismatch: dict = {}
     if episodes:
         batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
-    if mismatch.get("mismatch/alarm"):
-        print(f"rl: iteration {it + 1}: KL(behaviour || trainer) {mismatch['mismatch/k3_kl']:.4f} is above "
-              f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
     row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
            **reward_row, "async/staleness": staleness}
     sample = episode_log.sample(episodes, p.log_episodes, p.temperature) if p.log_episodes and episodes else []

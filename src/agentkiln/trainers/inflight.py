@@ -1,0 +1,257 @@
+"""An RL iteration's rollouts in flight: who plays them, on which weights, with which seeds.
+
+Synchronous (`asynchronous.max_staleness: 0`) an iteration plays its tasks as one round on the live
+weights, in a worker thread the trainer waits for: the same bytes as playing in its own thread.
+
+Asynchronous (`max_staleness: 1`) the next iteration is launched on a snapshot of the weights before
+this iteration's update, so its rollouts overlap the update. Its tasks are cut into chunks of
+`rollout_batch` episodes (whole groups), each with a seed of its own: an episode depends on its
+chunk alone, never on who played it or when, so a run is deterministic whatever the timing.
+
+- `worker: process` (the in-process engine): a rollout process (`RolloutProcess`) with its own copy of
+  the model on one torch thread reads each flight's weights from a shared-memory copy the trainer
+  writes (weight sync in memory, nothing pickled). It and the trainer claim chunks from one shared
+  counter: the process plays while the trainer updates, and the trainer, its update done, plays
+  whatever is left (on one thread, as the process does, so a chunk's bytes do not depend on who
+  played it) instead of waiting. The trainer trains on one torch thread fewer than it was given (the
+  process has one): on 2 cores each has a core, and neither waits long.
+- `worker: thread` (and vLLM, a process of its own already): a thread plays the chunks on the
+  backend's snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import queue
+import random
+import signal
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from agentkiln import lifecycle
+from agentkiln.config import RLParams
+from agentkiln.envs import TaskSpec
+from agentkiln.policy.model import Policy
+from agentkiln.rewards import needs_potentials
+from agentkiln.rollout.backends import HFRollout, SnapshotRollout
+from agentkiln.rollout.engine import run_episodes
+from agentkiln.rollout.episode import Episode
+from agentkiln.trainers.sampler import TaskSampler
+
+
+def iteration_seed(seed: int, it: int) -> int:
+    """The seed of iteration `it`'s rollouts: the same whoever plays them and whenever."""
+    return seed * 100_003 + it * 101
+
+
+def chunk_seed(seed: int, it: int, chunk: int) -> int:
+    """The seed of chunk `chunk` of asynchronous iteration `it`."""
+    return iteration_seed(seed, it) * 1_000 + chunk
+
+
+def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int) -> list[Episode]:
+    """One round: G episodes per task from the same initial state, on the rollout backend."""
+    agent = rollout.agent(p.temperature, False, seed, p.rollout_batch, p.decoding, p.max_reply_tokens)
+    return run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
+                        potentials=needs_potentials(p.reward))
+
+
+def tasks_per_chunk(p: RLParams) -> int:
+    return max(1, p.rollout_batch // p.group_size)
+
+
+def joined(parts: list[list[Episode]], per: int) -> list[Episode]:
+    """The chunks' episodes in task order, each group numbered by its task's place in the iteration."""
+    out: list[Episode] = []
+    for c, episodes in enumerate(parts):
+        for ep in episodes:
+            ep.group += c * per
+        out += episodes
+    return out
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _claim(counter, flight: int, n: int) -> int | None:
+    """The next unplayed chunk of `flight` (of `n`), or None: the process and the trainer share this."""
+    with counter.get_lock():
+        if counter[0] != flight or counter[1] >= n:
+            return None
+        counter[1] += 1
+        return counter[1] - 1
+
+
+def _serve(policy: Policy, tasks_dir: Path, p: RLParams, counter, todo, done, parent: int) -> None:
+    """The rollout process: for each flight, claim chunks and play them. `policy`'s tensors are in shared
+    memory: the trainer writes each flight's weights into them before launching it, and waits for every
+    chunk of a flight before writing again."""
+    lifecycle.die_with_parent(signal.SIGTERM, parent)  # a killed trainer leaves no rollout process behind
+    torch.set_num_threads(1)
+    policy.model.eval().requires_grad_(False)
+    rollout = HFRollout(policy)
+    while (flight := todo.get()) is not None:
+        fid, parts, seeds = flight
+        while (c := _claim(counter, fid, len(parts))) is not None:
+            try:
+                done.put((fid, c, play(rollout, parts[c], tasks_dir, p, seeds[c])))
+            except BaseException:  # noqa: BLE001  (handed to the trainer, which raises it)
+                done.put((fid, c, RuntimeError(f"rl: the rollout process failed:\n{traceback.format_exc()}")))
+
+
+class RolloutProcess:
+    """A rollout process with its own copy of the policy, in shared memory: the trainer writes each
+    flight's weights into it (weight sync in memory, nothing pickled per iteration)."""
+
+    def __init__(self, policy: Policy, tasks_dir: Path, p: RLParams):
+        ctx = torch.multiprocessing.get_context("spawn")
+        own = copy.deepcopy(policy)
+        own.model.eval().requires_grad_(False).share_memory()
+        self.weights = own.model.state_dict()  # views of the shared tensors
+        self.counter = ctx.Array("q", [0, 0])  # [flight, next chunk], claimed under its lock
+        self.todo, self.done = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_serve, name="rl-rollout", daemon=True,
+                                args=(own, tasks_dir, p, self.counter, self.todo, self.done, os.getpid()))
+        self.proc.start()  # it spawns and imports while the first iteration is played here
+
+    def launch(self, fid: int, weights: dict, parts: list[list[TaskSpec]], seeds: list[int]) -> None:
+        with torch.no_grad():
+            for k, v in weights.items():  # nothing reads them: the previous flight is all in
+                self.weights[k].copy_(v)
+        with self.counter.get_lock():
+            self.counter[0], self.counter[1] = fid, 0
+        self.todo.put((fid, parts, seeds))
+
+    def claim(self, fid: int, n: int) -> int | None:
+        return _claim(self.counter, fid, n)
+
+    def result(self, fid: int) -> tuple[int, list[Episode]]:
+        """The next chunk of flight `fid` the process played: (its index, its episodes)."""
+        while True:
+            try:
+                got, c, episodes = self.done.get(timeout=1.0)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"rl: the rollout process died (exit code {self.proc.exitcode})") from None
+                continue
+            if isinstance(episodes, BaseException):
+                raise episodes
+            if got == fid:
+                return c, episodes
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.todo.put(None)
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+class InFlight:
+    """The rollouts of an iteration, in flight: its tasks dealt (on the trainer's thread, from its rng)
+    and its episodes played by a worker (module docstring).
+
+    `take(it)` returns iteration `it`'s episodes and the policy version that played them (launched
+    now, on the current weights, if `it` is not in flight: always when synchronous, and on the first
+    iteration or a resume without a checkpointed flight when asynchronous). With `launch_next`
+    (asynchronous) it then launches `it + 1` on the weights as they are, before this iteration's
+    update, which therefore overlaps those rollouts: one version stale when the trainer takes them."""
+
+    def __init__(self, rollout, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int, rng: random.Random,
+                 sampler: TaskSampler, policy: Policy):
+        self.rollout, self.pool, self.tasks_dir, self.p, self.seed = rollout, pool, tasks_dir, p, seed
+        self.rng, self.sampler, self.policy = rng, sampler, policy
+        self.pending: tuple[int, int, list[TaskSpec], object] | None = None  # iteration, version, tasks, job
+        self.weights: dict | None = None  # those the pending flight was launched with (a checkpoint keeps them)
+        self.asynchronous = bool(p.asynchronous.max_staleness)
+        self.process = RolloutProcess(rollout.policy, tasks_dir, p) \
+            if self.asynchronous and p.asynchronous.worker == "process" and isinstance(rollout, SnapshotRollout) else None
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
+        self.flights = 0
+        self.threads = torch.get_num_threads()
+        if self.process is not None:  # the rollout process has a core of its own: the trainer one fewer
+            torch.set_num_threads(max(1, self.threads - 1))  # (2 threads beside it on 2 cores: 27.8 s of update, not 21.6)
+
+    def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
+        if tasks is None:
+            tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
+        if not self.asynchronous:  # one round on the live weights
+            self.rollout.sync(self.policy)
+            job = self.thread.submit(play, self.rollout, tasks, self.tasks_dir, self.p, iteration_seed(self.seed, it))
+            self.pending = (it, version, tasks, job)
+            return
+        if weights is None:
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
+        self.weights = weights
+        if hasattr(self.rollout, "load"):
+            self.rollout.load(weights)
+        else:  # vLLM: it takes weights from a policy
+            self.rollout.sync(self.policy)
+        per = tasks_per_chunk(self.p)
+        parts = [tasks[i : i + per] for i in range(0, len(tasks), per)]
+        seeds = [chunk_seed(self.seed, it, c) for c in range(len(parts))]
+        self.flights += 1
+        if self.process is not None:
+            self.process.launch(self.flights, weights, parts, seeds)
+            job = (self.flights, parts, seeds)
+        else:
+            job = self.thread.submit(lambda: [play(self.rollout, part, self.tasks_dir, self.p, s)
+                                              for part, s in zip(parts, seeds)])
+        self.pending = (it, version, tasks, job)
+
+    def _gather(self, job) -> list[list[Episode]]:
+        """A flight's chunks: those nobody claimed yet played here, then the process's collected."""
+        if isinstance(job, Future):
+            return job.result()
+        fid, parts, seeds = job
+        got: dict[int, list[Episode]] = {}
+        with torch_threads(1):
+            while (c := self.process.claim(fid, len(parts))) is not None:
+                got[c] = play(self.rollout, parts[c], self.tasks_dir, self.p, seeds[c])
+        while len(got) < len(parts):
+            c, episodes = self.process.result(fid)
+            got[c] = episodes
+        return [got[c] for c in range(len(parts))]
+
+    def take(self, it: int, launch_next: bool) -> tuple[list[Episode], int]:
+        if self.pending is None or self.pending[0] != it:
+            self._launch(it, version=it)
+        _, version, _, job = self.pending
+        out = self._gather(job)
+        episodes = joined(out, tasks_per_chunk(self.p)) if self.asynchronous else out
+        self.pending = None
+        if launch_next:
+            self._launch(it + 1, version=it)  # the weights before this iteration's update
+        return episodes, version
+
+    def state(self) -> dict | None:
+        """What a checkpoint keeps of the flight: its iteration, version, tasks and weights."""
+        if self.pending is None:
+            return None
+        it, version, tasks, _ = self.pending
+        return {"iteration": it, "version": version, "task_ids": [t.task_id for t in tasks], "weights": self.weights}
+
+    def restore(self, state: dict) -> None:
+        """Relaunch a checkpointed flight: the same tasks on the same weights (exact; vLLM, which takes
+        weights only from the live policy, plays it on the resumed trainer's)."""
+        by_id = {t.task_id: t for t in self.pool}
+        self._launch(state["iteration"], state["version"], [by_id[i] for i in state["task_ids"]], state["weights"])
+
+    def close(self) -> None:
+        self.thread.shutdown(wait=True, cancel_futures=True)
+        if self.process is not None:
+            self.process.close()
+            torch.set_num_threads(self.threads)
