@@ -127,19 +127,20 @@ def test_each_iteration_logs_a_sample_of_what_the_trainer_saw(lake_pool, texts):
 
 
 def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monkeypatch):
-    """The rollout process and the trainer claim an asynchronous flight's chunks (one group each here)
-    from one counter: a trainer that plays none of them, or every one, trains to the same weights."""
+    """The rollout processes and the trainer claim an asynchronous flight's chunks (one group each here)
+    from one counter: a trainer that plays none of them, or every one, a thread, or two processes
+    train to the same weights."""
     from agentkiln.trainers import inflight
 
     torch.set_num_threads(1)  # the thread worker plays on the trainer's threads; the others on one
     p = params(1, rollout_batch=4)  # 2 tasks x 4 episodes: 2 chunks per iteration
     runs = {}
-    for who in ("process", "trainer", "thread"):
+    for who in ("process", "trainer", "thread", "two processes"):
         with monkeypatch.context() as m:
             if who == "process":  # the trainer claims nothing: the process plays every chunk
                 m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
-            q = p if who != "thread" else p.model_copy(update={"asynchronous": p.asynchronous.model_copy(
-                update={"worker": "thread"})})
+            change = {"thread": {"worker": "thread"}, "two processes": {"processes": 2}}.get(who, {})
+            q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update=change)})
             if who == "trainer":  # the process is never told of a flight: the trainer plays every chunk
                 m.setattr(inflight.RolloutProcess, "launch", _announce_to_nobody)
             runs[who] = run(texts, lake_pool, q)

@@ -416,6 +416,8 @@ class AsyncParams(_Strict):
         "not claimed once its update is done (the trainer then trains on one thread fewer); or a thread of the "
         "trainer's process (vLLM rollouts always use a thread). Chunks are rollout_batch episodes (whole groups), "
         "each with its own seed: the same bytes whoever plays them")
+    processes: int = Field(1, ge=1, le=256, description="rollout processes (worker: process); each takes a torch "
+                           "thread from the trainer's, so keep processes < torch_threads where cores are few")
     kl_alarm: float = Field(0.05, gt=0, le=100, description="an iteration whose k3 KL(behaviour || trainer) "
                             "exceeds this is reported (a warning and mismatch/alarm = 1)")
 

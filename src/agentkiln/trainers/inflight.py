@@ -8,13 +8,13 @@ this iteration's update, so its rollouts overlap the update. Its tasks are cut i
 `rollout_batch` episodes (whole groups), each with a seed of its own: an episode depends on its
 chunk alone, never on who played it or when, so a run is deterministic whatever the timing.
 
-- `worker: process` (the in-process engine): a rollout process (`RolloutProcess`) with its own copy of
-  the model on one torch thread reads each flight's weights from a shared-memory copy the trainer
-  writes (weight sync in memory, nothing pickled). It and the trainer claim chunks from one shared
-  counter: the process plays while the trainer updates, and the trainer, its update done, plays
-  whatever is left (on one thread, as the process does, so a chunk's bytes do not depend on who
-  played it) instead of waiting. The trainer trains on one torch thread fewer than it was given (the
-  process has one): on 2 cores each has a core, and neither waits long.
+- `worker: process` (the in-process engine): `asynchronous.processes` rollout processes
+  (`RolloutProcess`), each on one torch thread, play on one copy of the model in shared memory into
+  which the trainer writes each flight's weights (weight sync in memory, nothing pickled). They and
+  the trainer claim chunks from one shared counter: the processes play while the trainer updates, and
+  the trainer, its update done, plays whatever is left (on one thread, as they do, so a chunk's bytes
+  do not depend on who played it) instead of waiting. The trainer trains on as many torch threads
+  fewer than it was given as there are processes: on 2 cores, one each.
 - `worker: thread` (and vLLM, a process of its own already): a thread plays the chunks on the
   backend's snapshot.
 """
@@ -112,19 +112,22 @@ def _serve(policy: Policy, tasks_dir: Path, p: RLParams, counter, todo, done, pa
 
 
 class RolloutProcess:
-    """A rollout process with its own copy of the policy, in shared memory: the trainer writes each
-    flight's weights into it (weight sync in memory, nothing pickled per iteration)."""
+    """Rollout processes (`asynchronous.processes`) sharing one copy of the policy in shared memory: the
+    trainer writes each flight's weights into it (weight sync in memory, nothing pickled per iteration),
+    and they only read it while a flight plays."""
 
-    def __init__(self, policy: Policy, tasks_dir: Path, p: RLParams):
+    def __init__(self, policy: Policy, tasks_dir: Path, p: RLParams, processes: int = 1):
         ctx = torch.multiprocessing.get_context("spawn")
         own = copy.deepcopy(policy)
         own.model.eval().requires_grad_(False).share_memory()
         self.weights = own.model.state_dict()  # views of the shared tensors
         self.counter = ctx.Array("q", [0, 0])  # [flight, next chunk], claimed under its lock
         self.todo, self.done = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_serve, name="rl-rollout", daemon=True,
-                                args=(own, tasks_dir, p, self.counter, self.todo, self.done, os.getpid()))
-        self.proc.start()  # it spawns and imports while the first iteration is played here
+        self.procs = [ctx.Process(target=_serve, name=f"rl-rollout-{i}", daemon=True,
+                                  args=(own, tasks_dir, p, self.counter, self.todo, self.done, os.getpid()))
+                      for i in range(processes)]
+        for proc in self.procs:
+            proc.start()  # they spawn and import while the first iteration is played here
 
     def launch(self, fid: int, weights: dict, parts: list[list[TaskSpec]], seeds: list[int]) -> None:
         with torch.no_grad():
@@ -132,19 +135,22 @@ class RolloutProcess:
                 self.weights[k].copy_(v)
         with self.counter.get_lock():
             self.counter[0], self.counter[1] = fid, 0
-        self.todo.put((fid, parts, seeds))
+        for _ in self.procs:
+            self.todo.put((fid, parts, seeds))
 
     def claim(self, fid: int, n: int) -> int | None:
         return _claim(self.counter, fid, n)
 
     def result(self, fid: int) -> tuple[int, list[Episode]]:
-        """The next chunk of flight `fid` the process played: (its index, its episodes)."""
+        """The next chunk of flight `fid` a process played: (its index, its episodes)."""
         while True:
             try:
                 got, c, episodes = self.done.get(timeout=1.0)
             except queue.Empty:
-                if not self.proc.is_alive():
-                    raise RuntimeError(f"rl: the rollout process died (exit code {self.proc.exitcode})") from None
+                dead = [proc for proc in self.procs if not proc.is_alive()]
+                if dead:
+                    raise RuntimeError(f"rl: the rollout process {dead[0].name} died (exit code {dead[0].exitcode})"
+                                       ) from None
                 continue
             if isinstance(episodes, BaseException):
                 raise episodes
@@ -152,12 +158,14 @@ class RolloutProcess:
                 return c, episodes
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.todo.put(None)
-        self.proc.join(timeout=10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+        for _ in self.procs:
+            with contextlib.suppress(Exception):
+                self.todo.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
 
 
 class InFlight:
@@ -177,13 +185,13 @@ class InFlight:
         self.pending: tuple[int, int, list[TaskSpec], object] | None = None  # iteration, version, tasks, job
         self.weights: dict | None = None  # those the pending flight was launched with (a checkpoint keeps them)
         self.asynchronous = bool(p.asynchronous.max_staleness)
-        self.process = RolloutProcess(rollout.policy, tasks_dir, p) \
+        self.process = RolloutProcess(rollout.policy, tasks_dir, p, p.asynchronous.processes) \
             if self.asynchronous and p.asynchronous.worker == "process" and isinstance(rollout, SnapshotRollout) else None
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
         self.flights = 0
         self.threads = torch.get_num_threads()
-        if self.process is not None:  # the rollout process has a core of its own: the trainer one fewer
-            torch.set_num_threads(max(1, self.threads - 1))  # (2 threads beside it on 2 cores: 27.8 s of update, not 21.6)
+        if self.process is not None:  # each rollout process has a core of its own: the trainer the rest
+            torch.set_num_threads(max(1, self.threads - p.asynchronous.processes))  # (2 threads beside one on 2 cores: 27.8 s of update, not 21.6)
 
     def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
         if tasks is None:
