@@ -168,3 +168,11 @@ def test_every_rate_plot_carries_its_ci_and_the_page_its_provenance(tmp_path):
     assert "commit <code>abc123</code>" in html and "2026-11-23T10:00:00+00:00" in html and "<code>p0</code>" in html
     report.write_reports(m, tmp_path / "b", curves={"main": curve}, meta=meta)
     assert (tmp_path / "a" / "eval.html").read_bytes() == (tmp_path / "b" / "eval.html").read_bytes()
+
+
+def test_headline_says_each_familys_change():
+    """The issue's case: rl beat sft by 23 points overall while two of three families fell."""
+    fam = lambda c, f, w: {"textworld": {"success": c}, "gym-toytext": {"success": f}, "python-tool": {"success": w}}  # noqa: E731
+    m = {"sft": {"success": 0.331, "by_family": fam(0.388, 0.4, 0.15)},
+         "rl": {"success": 0.562, "by_family": fam(1.0, 0.225, 0.025)}}
+    assert "rl vs sft: +23.1 points (gym-toytext -17.5, python-tool -12.5, textworld +61.2)" in summary_line(m)

@@ -410,7 +410,7 @@ def test_rollback_restores_the_previous_champion_and_walks_back_the_chain(store)
     with tracking.pipeline_run():
         with tracking.stage_run("promote"):
             vs = [mr.register_candidate(d, name, {"candidate": f"c{i}"}, {"success": 0.1 * i}) for i, d in enumerate(dirs)]
-            with pytest.raises(RuntimeError, match="no champion and previous"):
+            with pytest.raises(RuntimeError, match="has no champion: nothing to roll back"):
                 mr.rollback(name)  # nothing promoted yet: refused, nothing changed
             for v in vs:
                 mr.promote(name, v)
@@ -421,8 +421,8 @@ def test_rollback_restores_the_previous_champion_and_walks_back_the_chain(store)
     assert client.get_model_version(name, "3").tags["rolled_back"] == "true"
     assert mr.rollback(name) == ("2", "1")
     assert mr.aliases(name) == {"champion": "1", "challenger": "3"}  # start of the chain: no previous left
-    with pytest.raises(RuntimeError, match="nothing was changed"):
-        mr.rollback(name)
+    with pytest.raises(RuntimeError, match="version 1, was the first one promoted: there is no earlier champion"):
+        mr.rollback(name)  # one champion, nothing before it: said so, not "no champion"
     # the restored champion is what `models:/<name>@champion` now loads: v1's weights
     import torch
     from transformers import AutoModelForCausalLM

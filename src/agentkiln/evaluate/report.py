@@ -90,8 +90,17 @@ def summary_line(metrics: dict) -> str:
     for new, old in (("sft", "random"), ("rl", "sft"), ("distilled", "rl")):
         if new in metrics and old in metrics:
             gain = 100 * (float(metrics[new]["success"]) - float(metrics[old]["success"]))
-            parts.append(f"{new} vs {old}: {gain:+.1f} points")
+            parts.append(f"{new} vs {old}: {gain:+.1f} points{_by_family(metrics[new], metrics[old])}")
     return "; ".join(parts) + "."
+
+
+def _by_family(new: dict, old: dict) -> str:
+    """Each family's change in points, in brackets: a headline never hides a family that fell."""
+    a, b = new.get("by_family") or {}, old.get("by_family") or {}
+    common = [f for f in sorted(a) if f in b]
+    if len(common) < 2:
+        return ""
+    return " (" + ", ".join(f"{f} {100 * (float(a[f]['success']) - float(b[f]['success'])):+.1f}" for f in common) + ")"
 
 
 def markdown_table(metrics: dict) -> str:

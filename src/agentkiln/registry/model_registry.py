@@ -248,9 +248,12 @@ def rollback(name: str) -> tuple[str, str]:
         current = champion(name)
         found = aliases(name) if current is not None else {}
         restored = (current[1].get("promoted_over") or found.get(PREVIOUS)) if current is not None else None
-        if current is None or not restored:
-            raise RuntimeError(f"registered model {name!r} has no champion and previous to roll back between "
-                               f"(aliases: {found}); nothing was changed")
+        if current is None:
+            raise RuntimeError(f"registered model {name!r} has no champion: nothing to roll back (a version becomes "
+                               f"champion with `agentkiln promote`); nothing was changed")
+        if not restored:
+            raise RuntimeError(f"registered model {name!r}: its champion, version {current[0]}, was the first one "
+                               f"promoted: there is no earlier champion to restore; nothing was changed")
         demoted = current[0]
         client.set_model_version_tag(name, demoted, "rolled_back", "true")
         client.set_registered_model_alias(name, CHAMPION, restored)
