@@ -25,6 +25,7 @@ from prefect.settings import PREFECT_API_URL
 from agentkiln import lifecycle, tracking
 from agentkiln.config import ParamsError, load_params
 from agentkiln.errors import UserError
+from agentkiln.stages.summary import pipeline_metrics, pipeline_summary
 from flows._stage import PARENT_FLOW_RUN_ENV, publish, run_flow
 from flows.promote import promote_flow
 
@@ -70,8 +71,12 @@ def pipeline_flow(force: bool = False, overrides: list[str] | None = None) -> di
             dvc(["exp", "run", *(["--force"] if force else []), *[a for o in overrides for a in ("--set-param", o)]])
         else:
             dvc(["repro", *(["--force"] if force else [])])
-        result = promote_flow(load_params())  # params.yaml as the stages saw it (dvc exp run wrote the overrides)
+        params = load_params()  # params.yaml as the stages saw it (dvc exp run wrote the overrides)
+        result = promote_flow(params)
+        # the parent run carries the headline numbers: two pipelines compare at the experiment's top level
+        tracking.log_metrics(pipeline_metrics(ROOT, params.rl.final))
     publish("pipeline", {k: v for k, v in result.items() if k in ("candidate", "version", "score", "promoted", "reason")})
+    print("\n".join(pipeline_summary(ROOT, params.rl.final)))
     return result
 
 

@@ -91,7 +91,7 @@ def repo(tmp_path_factory, store):
     sh([sys.executable, "-m", "dvc", "remote", "add", "-d", "team", str(tmp_path_factory.mktemp("dvc_remote"))], dst, env)
     sh([*git, "add", "-A"], dst, env)
     sh([*git, "commit", "-qm", "snapshot"], dst, env)
-    sh([sys.executable, "-m", "flows.pipeline"], dst, env)
+    (dst.parent / "pipeline.log").write_text(sh([sys.executable, "-m", "flows.pipeline"], dst, env))
     sh([sys.executable, "-m", "dvc", "push"], dst, env)
     sh([*git, "add", "dvc.lock"], dst, env)
     sh([*git, "commit", "-qm", "pipeline run"], dst, env)
@@ -113,6 +113,29 @@ def test_a_fresh_clone_pulls_what_the_run_pushed_and_repro_runs_nothing(repo, tm
     assert "up to date" in status, status
     out = sh([sys.executable, "-m", "dvc", "repro"], clone, env)
     assert "Running stage" not in out, out
+
+
+def test_a_run_ends_saying_what_it_produced_and_the_pipeline_run_has_its_numbers(repo):
+    """The run's last lines: each stage's headline, the promotion, what to open; the parent MLflow run
+    "pipeline" carries the panels' success per policy (two pipelines compare at the top level)."""
+    from mlflow import MlflowClient
+
+    dst, env, _ = repo
+    out = (dst.parent / "pipeline.log").read_text()
+    tail = out[out.index("agentkiln: the pipeline finished. What it produced:"):]
+    for line in ("  sft       models/sft:", "  rl        models/rl/h6: gigpo,", "  distill   models/distilled:",
+                 "  evaluate  test panel: random", "  promote   ", "Open next: reports/eval.html"):
+        assert line in tail, tail
+    metrics = json.loads((dst / "reports/metrics.json").read_text())
+    uri = env["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri, uri)
+    runs = client.search_runs([client.get_experiment_by_name("agentkiln").experiment_id],
+                              "attributes.run_name = 'pipeline'")
+    logged = runs[0].data.metrics
+    assert logged["test/sft"] == pytest.approx(metrics["sft"]["success"])
+    assert logged["ood/rl"] == pytest.approx(metrics["rl"]["ood"]["success"])
+    assert {f"test/rl/{f}" for f in metrics["rl"]["by_family"]} <= set(logged)
+    assert "promote/promoted" in logged
 
 
 def test_the_store_is_the_team_server_when_postgresql_runs_here(repo, store):

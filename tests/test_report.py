@@ -176,3 +176,20 @@ def test_headline_says_each_familys_change():
     m = {"sft": {"success": 0.331, "by_family": fam(0.388, 0.4, 0.15)},
          "rl": {"success": 0.562, "by_family": fam(1.0, 0.225, 0.025)}}
     assert "rl vs sft: +23.1 points (gym-toytext -17.5, python-tool -12.5, textworld +61.2)" in summary_line(m)
+
+
+def test_the_run_summary_reads_what_exists(tmp_path):
+    from agentkiln.stages.summary import pipeline_metrics, pipeline_summary
+
+    assert pipeline_metrics(tmp_path, "main") == {}  # nothing ran: nothing said, nothing broken
+    assert pipeline_summary(tmp_path, "main")[0].startswith("agentkiln: the pipeline finished")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports/metrics.json").write_text(json.dumps({
+        "sft": {"success": 0.5, "ood": {"success": 0.25}, "by_family": {"textworld": {"success": 0.75}}}}))
+    (tmp_path / "reports/promotion.json").write_text(json.dumps({"candidate": "sft", "version": "3", "score": 0.5,
+                                                                  "promoted": False, "reason": "the champion is better"}))
+    lines = pipeline_summary(tmp_path, "main")
+    assert "  evaluate  test panel: sft 50.0% (ood 25.0%)" in lines
+    assert "  promote   sft (version 3, score 50.0%): not promoted: the champion is better" in lines
+    assert pipeline_metrics(tmp_path, "main") == {"test/sft": 0.5, "ood/sft": 0.25, "test/sft/textworld": 0.75,
+                                                  "promote/score": 0.5, "promote/promoted": 0.0}

@@ -1,0 +1,86 @@
+"""What a pipeline run produced, in a few lines: each stage's headline, the champion, what to open.
+
+Read from the stages' reports (the files dvc.yaml tracks), so a run that DVC served from its cache
+says the same as one that trained. `pipeline_metrics` is the handful of numbers the parent MLflow run
+"pipeline" carries, so two pipelines compare at the top level of the experiment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agentkiln import paths
+
+POLICIES = ("random", "sft", "rl", "distilled")
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * float(x):.1f}%"
+
+
+def pipeline_metrics(root: Path, final_rl: str) -> dict[str, float]:
+    """test/<policy>, ood/<policy>, test/<policy>/<family> success; promote/score and promote/promoted."""
+    metrics = _read(root / paths.REPORTS / "metrics.json")
+    out: dict[str, float] = {}
+    for policy in POLICIES:
+        m = metrics.get(policy) or {}
+        if "success" in m:
+            out[f"test/{policy}"] = float(m["success"])
+        if isinstance(m.get("ood"), dict) and "success" in m["ood"]:
+            out[f"ood/{policy}"] = float(m["ood"]["success"])
+        for family, f in (m.get("by_family") or {}).items():
+            out[f"test/{policy}/{family}"] = float(f["success"])
+    promotion = _read(root / paths.REPORTS / "promotion.json")
+    if promotion.get("score") is not None:
+        out["promote/score"] = float(promotion["score"])
+    if "promoted" in promotion:
+        out["promote/promoted"] = float(bool(promotion["promoted"]))
+    rl = _read(root / paths.rl_reports(final_rl) / "metrics.json")
+    for key in ("pool_success_before", "pool_success_after"):
+        if key in rl:
+            out[f"rl/{key}"] = float(rl[key])
+    return out
+
+
+def pipeline_summary(root: Path, final_rl: str) -> list[str]:
+    """The lines a finished run ends with."""
+    reports = root / paths.REPORTS
+    lines = ["agentkiln: the pipeline finished. What it produced:"]
+    sft = _read(reports / "sft_metrics.json")
+    if sft:
+        lines.append(f"  sft       models/sft: {sft.get('n_episodes', '?')} episodes, final token accuracy "
+                     f"{_pct(sft.get('final_token_acc'))}")
+    rl = _read(reports / "rl" / final_rl / "metrics.json")
+    if rl:
+        lines.append(f"  rl        models/rl/{final_rl}: {rl.get('algorithm', '?')}, {rl.get('episodes', '?')} episodes, "
+                     f"pool success {_pct(rl.get('pool_success_before'))} -> {_pct(rl.get('pool_success_after'))}")
+    distill = _read(reports / "distill_metrics.json")
+    if distill:
+        lines.append(f"  distill   models/distilled: a {distill.get('student_params', '?')}-parameter student, "
+                     f"{distill.get('n_episodes', '?')} episodes")
+    metrics = _read(reports / "metrics.json")
+    if metrics:
+        parts = []
+        for policy in POLICIES:
+            m = metrics.get(policy) or {}
+            if "success" in m:
+                ood = m.get("ood", {}).get("success") if isinstance(m.get("ood"), dict) else None
+                parts.append(f"{policy} {_pct(m['success'])}" + (f" (ood {_pct(ood)})" if ood is not None else ""))
+        lines.append("  evaluate  test panel: " + ", ".join(parts))
+    promotion = _read(reports / "promotion.json")
+    if promotion:
+        verdict = "now champion" if promotion.get("promoted") else "not promoted"
+        lines.append(f"  promote   {promotion.get('candidate', '?')} (version {promotion.get('version', '?')}, score "
+                     f"{_pct(promotion.get('score'))}): {verdict}: {promotion.get('reason', '')}")
+    lines += ["Open next: reports/eval.html (scores, per family, paired comparisons), reports/trajectories.html "
+              "(episodes), reports/rl/" + final_rl + "/trajectories.html (training episodes); `agentkiln ui` for "
+              "MLflow (runs, curves, the registry) and Prefect."]
+    return lines
