@@ -11,7 +11,7 @@ from flows._stage import needs, run_flow, stage_context
 from tasks.evaluate import evaluate_task
 
 
-REPORT_FILES = ("eval.md", "eval.html", "trajectories.html", "metrics.json", "outcomes.json", "comparisons.json", "success.png",
+REPORT_FILES = ("eval.md", "eval.html", "trajectories.html", "metrics.json", "headline.json", "outcomes.json", "comparisons.json", "success.png",
                 "passk.png", "curves.png")
 
 

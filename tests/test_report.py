@@ -40,6 +40,9 @@ def test_json_round_trips_rounded(tmp_path):
     assert back["rl"]["rl_pool_success_before"] == 0.41  # extra keys survive
     text = (tmp_path / "metrics.json").read_text()
     assert text.index('"distilled"') < text.index('"random"') < text.index('"rl"')  # sorted keys
+    from agentkiln.evaluate.report import headline
+
+    assert json.loads((tmp_path / "headline.json").read_text()) == headline(back)  # `dvc metrics show`'s file
 
 
 def test_markdown_names_every_policy_and_the_gains(tmp_path):
@@ -191,5 +194,14 @@ def test_the_run_summary_reads_what_exists(tmp_path):
     lines = pipeline_summary(tmp_path, "main")
     assert "  evaluate  test panel: sft 50.0% (ood 25.0%)" in lines
     assert "  promote   sft (version 3, score 50.0%): not promoted: the champion is better" in lines
-    assert pipeline_metrics(tmp_path, "main") == {"test/sft": 0.5, "ood/sft": 0.25, "test/sft/textworld": 0.75,
+    assert pipeline_metrics(tmp_path, "main") == {"sft/test": 0.5, "sft/ood": 0.25, "sft/test_textworld": 0.75,
                                                   "promote/score": 0.5, "promote/promoted": 0.0}
+
+
+def test_headline_metrics_are_success_per_policy_panel_and_family(tmp_path):
+    from agentkiln.evaluate.report import headline
+
+    m = {"rl": {"success": 0.6, "ood": {"success": 0.2}, "by_family": {"textworld": {"success": 0.9}},
+                "by_level": {"easy": {"success": 0.6}}, "mean_turns": 4.0},
+         "random": {"success": 0.0}}
+    assert headline(m) == {"random": {"test": 0.0}, "rl": {"test": 0.6, "ood": 0.2, "test_textworld": 0.9}}

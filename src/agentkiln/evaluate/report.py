@@ -1,4 +1,5 @@
-"""The evaluation reports DVC tracks: metrics.json (`dvc metrics`), success.csv and passk.csv
+"""The evaluation reports DVC tracks: headline.json (`dvc metrics`: success per policy, panel and
+family), metrics.json (every breakdown), success.csv and passk.csv
 (`dvc plots`), eval.md (tables for humans), eval.html (tables and plots in one page) and the
 plots success.png (success per policy with Wilson intervals, per family), passk.png and curves.png.
 
@@ -514,6 +515,20 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
     return "\n".join(parts + ["</body></html>"]) + "\n"
 
 
+def headline(metrics: dict) -> dict:
+    """The few numbers `dvc metrics show` prints (metrics.json's breakdowns made ~600 columns): per
+    policy, success on the test panel, on the ood panel and per family on the test panel."""
+    out = {}
+    for policy in ordered_policies(metrics):
+        m = metrics[policy]
+        row = {"test": m.get("success")}
+        if isinstance(m.get("ood"), dict):
+            row["ood"] = m["ood"].get("success")
+        row |= {f"test_{family}": f.get("success") for family, f in sorted((m.get("by_family") or {}).items())}
+        out[policy] = row
+    return out
+
+
 def write_reports(metrics: dict, out_dir: Path, comparisons: list[dict] | None = None,
                   curves: dict[str, Path] | None = None, panels: dict | None = None,
                   meta: dict | None = None) -> list[Path]:
@@ -524,6 +539,7 @@ def write_reports(metrics: dict, out_dir: Path, comparisons: list[dict] | None =
     rounded = _round(metrics)
     comparisons = _round(comparisons or [])
     (out_dir / "metrics.json").write_text(json.dumps(rounded, indent=2, sort_keys=True) + "\n")
+    (out_dir / "headline.json").write_text(json.dumps(headline(rounded), indent=2, sort_keys=True) + "\n")
     (out_dir / "comparisons.json").write_text(json.dumps(comparisons, indent=2, sort_keys=True) + "\n")
     (out_dir / "eval.md").write_text(render_full_markdown(rounded, comparisons, panels))
     (out_dir / "success.csv").write_text(render_csv(rounded))
@@ -534,5 +550,5 @@ def write_reports(metrics: dict, out_dir: Path, comparisons: list[dict] | None =
         if render(out_dir / name):  # always written (a note when there is nothing to plot)
             images.append(out_dir / name)
     (out_dir / "eval.html").write_text(render_html(rounded, comparisons, panels, images, meta))
-    return [out_dir / n for n in ("metrics.json", "comparisons.json", "eval.md", "eval.html", "success.csv", "passk.csv",
+    return [out_dir / n for n in ("metrics.json", "headline.json", "comparisons.json", "eval.md", "eval.html", "success.csv", "passk.csv",
                                   "success.png", "passk.png", "curves.png")]

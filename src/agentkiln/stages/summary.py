@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from agentkiln import paths
+from agentkiln.evaluate.report import headline
 
 POLICIES = ("random", "sft", "rl", "distilled")
 
@@ -27,17 +28,11 @@ def _pct(x) -> str:
 
 
 def pipeline_metrics(root: Path, final_rl: str) -> dict[str, float]:
-    """test/<policy>, ood/<policy>, test/<policy>/<family> success; promote/score and promote/promoted."""
+    """`dvc metrics show`'s numbers as <policy>/<test | ood | test_<family>> (evaluate.report.headline);
+    promote/score and promote/promoted; the last RL stage's pool success before and after."""
     metrics = _read(root / paths.REPORTS / "metrics.json")
-    out: dict[str, float] = {}
-    for policy in POLICIES:
-        m = metrics.get(policy) or {}
-        if "success" in m:
-            out[f"test/{policy}"] = float(m["success"])
-        if isinstance(m.get("ood"), dict) and "success" in m["ood"]:
-            out[f"ood/{policy}"] = float(m["ood"]["success"])
-        for family, f in (m.get("by_family") or {}).items():
-            out[f"test/{policy}/{family}"] = float(f["success"])
+    out = {f"{policy}/{key}": float(v) for policy, row in headline(metrics).items() for key, v in row.items()
+           if v is not None}
     promotion = _read(root / paths.REPORTS / "promotion.json")
     if promotion.get("score") is not None:
         out["promote/score"] = float(promotion["score"])
