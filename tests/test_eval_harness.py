@@ -195,7 +195,11 @@ def test_cli_refuses_a_tampered_panel_and_an_unknown_model(panel, tmp_path, caps
     assert main(["--model", "random", "--tasks", str(tmp_path / "t")]) == 2
     assert "modified after it was frozen" in capsys.readouterr().err
     assert main(["--model", str(tmp_path / "nothing-here"), "--tasks", str(out)]) == 2
-    assert "not a baseline, pipeline model" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nothing-here: no such file or directory; a model is random or oracle" in err and "models:/" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["--model", str(tmp_path / "empty"), "--tasks", str(out)]) == 2
+    assert "empty: holds neither config.json nor state.pt" in capsys.readouterr().err
 
 
 def test_success_rates_are_per_task_means_over_samples():

@@ -99,3 +99,12 @@ def test_a_damaged_model_is_refused_before_the_other_policies_are_played(world, 
         run_evaluate(params, world / "tasks", {"sft": world / "models" / "sft", "distilled": model}, tmp_path / "out",
                      curves(world))
     assert time.monotonic() - start < 1.0 and not (tmp_path / "out").exists()
+
+
+def test_an_unknown_panel_is_named_with_the_splits_there_are(world, tmp_path):
+    from agentkiln.panels import load_panel
+
+    with pytest.raises(FileNotFoundError, match=r"no split 'nope' under .*: its splits are rl, sft, test \(params.yaml"):
+        load_panel(world / "tasks", "nope")  # synthesis ran: the name is wrong, nothing to re-synthesize
+    with pytest.raises(FileNotFoundError, match="missing; run the synthesize stage first"):
+        load_panel(tmp_path / "tasks", "test")  # nothing synthesized yet

@@ -51,6 +51,10 @@ def load_manifest(tasks_dir: str | Path, split: str) -> dict:
     """The checked manifest of a split (see the module docstring for what is refused)."""
     path = manifest_path(tasks_dir, split)
     if not path.is_file():
+        made = sorted(d.name for d in Path(tasks_dir).glob("*") if split_exists(tasks_dir, d.name))
+        if made:  # synthesis ran: the name is wrong, not the data missing
+            raise FileNotFoundError(f"{path}: no split {split!r} under {tasks_dir}: its splits are {', '.join(made)} "
+                                    "(params.yaml synthesize.splits names them)")
         raise FileNotFoundError(f"{path}: missing; run the synthesize stage first (dvc repro synthesize)")
     try:
         manifest = json.loads(path.read_text())

@@ -2,7 +2,9 @@
 
     python -m agentkiln.evaluate --model models:/agentkiln-policy@champion --panel test
     python -m agentkiln.evaluate --model sft --model rl --panel ood --samples 8   # + paired comparison, pass@k
-    python -m agentkiln.evaluate --model models/checkpoints/rl/main --play 2      # a checkpoint; show 2 episodes
+    python -m agentkiln.evaluate --model models/sft --play 2                      # a directory; show 2 episodes
+    python -m agentkiln.evaluate --model models/checkpoints/rl/main               # a running (or killed) RL stage's
+                                                                                  # checkpoint: gone once it finishes
 
 A model is `random` or `oracle` (baselines), a pipeline name (`sft`, `rl`, `distilled`), a registry
 URI (`models:/<name>@<alias>` or `models:/<name>/<version>`), a saved policy directory, or an RL
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 from agentkiln import paths
-from agentkiln.evaluate.sources import resolve_policy, transcript
+from agentkiln.evaluate.sources import resolve_policy, source_problem, transcript
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--params", default="params.yaml")
     args = ap.parse_args(argv)
+    for source in args.model:  # a wrong path is said now, not after the imports below (seconds)
+        if (problem := source_problem(source)) is not None:
+            print(f"agentkiln evaluate: {problem}", file=sys.stderr)
+            return 2
 
     from agentkiln.config import ParamsError, load_params
     from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, records, success_rates

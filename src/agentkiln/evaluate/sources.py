@@ -8,6 +8,24 @@ from pathlib import Path
 from agentkiln import paths
 
 
+KINDS = ("a model is random or oracle (baselines), sft, rl or distilled (the pipeline's), a registry URI "
+         "models:/<name>@<alias> or models:/<name>/<version>, a policy directory (with config.json, e.g. models/sft) "
+         "or an RL checkpoint directory (with state.pt, while its stage runs or after it was killed)")
+
+
+def source_problem(source: str) -> str | None:
+    """What is wrong with a model argument that names a path, found without importing anything heavy:
+    said at once, before seconds of torch imports. None when it may be fine (resolve_policy decides)."""
+    if source in ("random", "oracle", "sft", "rl", "distilled") or source.startswith("models:/"):
+        return None
+    path = Path(source)
+    if not path.exists():
+        return f"{source}: no such file or directory; {KINDS}"
+    if not ((path / "config.json").is_file() or (path / "state.pt").is_file()):
+        return f"{source}: holds neither config.json nor state.pt; {KINDS}"
+    return None
+
+
 def resolve_policy(source: str, params, init: str | None = None):
     """A Policy from any of the sources above (None for the baselines)."""
     import torch
@@ -35,7 +53,7 @@ def resolve_policy(source: str, params, init: str | None = None):
         return policy
     if (path / "config.json").is_file():
         return load_policy(path)
-    raise FileNotFoundError(f"{source}: not a baseline, pipeline model, models:/ URI, policy directory or RL checkpoint")
+    raise FileNotFoundError(source_problem(source) or f"{source}: {KINDS}")
 
 
 def transcript(episode) -> str:
