@@ -240,10 +240,15 @@ def ui(
     prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200,
 ) -> None:
     """Start the MLflow and Prefect servers on loopback, print their URLs; Ctrl-C stops both."""
+    from agentkiln.registry.ui import ServerError
     from agentkiln.services import serve_uis
 
     root = project()
-    serve_uis(root, mlflow_port, prefect_port, out=typer.echo)
+    try:
+        serve_uis(root, mlflow_port, prefect_port, out=typer.echo)
+    except ServerError as e:
+        typer.echo(f"agentkiln ui: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

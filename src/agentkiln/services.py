@@ -14,7 +14,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from agentkiln.registry.ui import MlflowServer, ServerError, free_port, log_tail, stop_process
+from agentkiln import lifecycle
+from agentkiln.registry.ui import MlflowServer, ServerError, free_port, log_tail, port_taken, stop_process
 from agentkiln.tracking import TRAINING_VIEW, store_dir, tracking_uri
 
 
@@ -60,7 +61,15 @@ class PrefectServer:
 
 
 def serve_uis(root: Path, mlflow_port: int, prefect_port: int, out: Callable[[str], object] = print) -> None:
-    """Both UIs on loopback until Ctrl-C (or SIGTERM), then both stopped."""
+    """Both UIs on loopback until Ctrl-C, SIGTERM or a closed terminal (SIGHUP), then both stopped.
+    A port already taken is refused first, by name (a server answering there would otherwise pass
+    for the new one); a server that exits on its own ends the command with its log (ServerError)."""
+    for name, port, option in (("MLflow", mlflow_port, "--mlflow-port"), ("Prefect", prefect_port, "--prefect-port")):
+        if port_taken(port):
+            raise ServerError(f"port {port} for the {name} UI is taken: another server listens there (an earlier "
+                              f"`agentkiln ui` still running? `ss -ltnp 'sport = :{port}'` names it); stop it, or "
+                              f"choose another port with {option}")
+    lifecycle.handle_signals()  # SIGTERM / SIGHUP end the wait below like Ctrl-C: the finally stops both servers
     mlflow_server = MlflowServer(tracking_uri(), store_dir() / "mlartifacts", port=mlflow_port)
     prefect_server = PrefectServer(port=prefect_port)
     try:
@@ -73,9 +82,14 @@ def serve_uis(root: Path, mlflow_port: int, prefect_port: int, out: Callable[[st
         out("Ctrl-C stops both.")
         while mlflow_server.proc.poll() is None and prefect_server.proc.poll() is None:
             time.sleep(1)
-        out("agentkiln ui: a server exited; stopping the other")
+        gone, log = (("MLflow", mlflow_server.log) if mlflow_server.proc.poll() is not None
+                     else ("Prefect", prefect_server.log))
+        raise ServerError(f"the {gone} server exited on its own; the other was stopped\n{log_tail(log)}")
     except KeyboardInterrupt:
         out("\nstopping the servers")
+    except lifecycle.Terminated as e:
+        out(f"\nagentkiln ui: {e}: stopping the servers")
+        raise
     finally:
         prefect_server.stop()
         mlflow_server.stop()

@@ -56,6 +56,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on host:port (a server left running, another program)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def log_tail(path: Path, n: int = 4000) -> str:
     try:
         text = path.read_text(errors="replace")
