@@ -23,6 +23,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.settings import PREFECT_API_URL
 
 from agentkiln import lifecycle, tracking
+from agentkiln.relay import Relay
 from agentkiln.config import ParamsError, load_params
 from agentkiln.errors import UserError
 from agentkiln.stages.summary import pipeline_metrics, pipeline_summary
@@ -46,7 +47,8 @@ def dvc(args: list[str]) -> None:
     if runtime.flow_run.id:
         env[PARENT_FLOW_RUN_ENV] = str(runtime.flow_run.id)
     env["PYTHONUNBUFFERED"] = "1"
-    rc = lifecycle.run_group(lifecycle.child_argv("dvc", args), env=env, stdin=subprocess.DEVNULL, on_line=print)
+    # progress bars thinned to their first and last lines (and one every 30 s): agentkiln.relay
+    rc = lifecycle.run_group(lifecycle.child_argv("dvc", args), env=env, stdin=subprocess.DEVNULL, on_line=Relay(print))
     if rc != 0:
         raise StageFailed(f"`dvc {args[0]}` stopped with exit status {rc}: the failing stage's error is above")
 
