@@ -128,16 +128,16 @@ def test_each_iteration_logs_a_sample_of_what_the_trainer_saw(lake_pool, texts):
 
 def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monkeypatch):
     """The rollout processes and the trainer claim an asynchronous flight's chunks (one group each here)
-    from one counter: a trainer that plays none of them, or every one, a thread, or two processes
+    from one counter: two processes playing every chunk, the trainer playing every one, or a thread
     train to the same weights."""
     from agentkiln.trainers import inflight
 
     torch.set_num_threads(1)  # the thread worker plays on the trainer's threads; the others on one
     p = params(1, rollout_batch=4)  # 2 tasks x 4 episodes: 2 chunks per iteration
     runs = {}
-    for who in ("process", "trainer", "thread", "two processes"):
+    for who in ("two processes", "trainer", "thread"):
         with monkeypatch.context() as m:
-            if who == "process":  # the trainer claims nothing: the process plays every chunk
+            if who == "two processes":  # the trainer claims nothing: the processes play every chunk
                 m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
             change = {"thread": {"worker": "thread"}, "two processes": {"processes": 2}}.get(who, {})
             q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update=change)})
