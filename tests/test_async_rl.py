@@ -81,7 +81,7 @@ def test_a_killed_async_run_resumes_with_what_was_in_flight_exactly(lake_pool, t
     state = torch.load(tmp_path / "ckpt" / "state.pt", weights_only=False)
     # killed while logging iteration 2: the checkpoint after iteration 1 holds iteration 2 in flight (0-based 1),
     # launched on the weights before the first update (version 0)
-    assert state["in_flight"]["iteration"] == 1 and state["in_flight"]["version"] == 0
+    assert [(f["iteration"], f["version"]) for f in state["in_flight"]] == [(1, 0)]
     resumed, pol_b = run(texts, lake_pool, p, ckpt_dir=tmp_path / "ckpt", ckpt_key="k")
     assert resumed == straight
     assert all(torch.equal(a, b) for a, b in zip(pol_a.model.parameters(), pol_b.model.parameters()))
@@ -103,8 +103,8 @@ def test_masked_and_truncated_importance_weights_by_hand():
 def test_async_settings_that_cannot_work_are_refused():
     with pytest.raises(ValueError, match="asynchronous.max_staleness > 0 with dynamic_sampling"):
         RLParams(dynamic_sampling=True, asynchronous={"max_staleness": 1})
-    with pytest.raises(ValueError, match="less than or equal to 1"):
-        RLParams(asynchronous={"max_staleness": 2})
+    with pytest.raises(ValueError, match="less than or equal to 8"):
+        RLParams(asynchronous={"max_staleness": 9})
 
 
 def test_each_iteration_logs_a_sample_of_what_the_trainer_saw(lake_pool, texts):
@@ -210,3 +210,23 @@ def test_the_rollout_process_dies_with_a_killed_trainer(tmp_path):
         for c in descendants(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(c[0], signal.SIGKILL)
+
+
+def test_staleness_two_keeps_two_iterations_in_flight_within_the_bound_and_resumes_exactly(lake_pool, texts, tmp_path):
+    p = params(2).model_copy(update={"iterations": 5})
+    straight, pol_a = run(texts, lake_pool, p)
+    # iteration 1 launches 2 and 3 on version 0; each later one launches the next on its own version
+    assert [h["async/staleness"] for h in straight] == [0, 1, 2, 2, 2]
+
+    def kill_at_3(row, step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(texts, lake_pool, p, log=kill_at_3, ckpt_dir=tmp_path / "ckpt", ckpt_key="k")
+    state = torch.load(tmp_path / "ckpt" / "state.pt", weights_only=False)
+    # the checkpoint after iteration 2 holds iterations 3 and 4 in flight (0-based 2, 3), on versions 0 and 1
+    assert [(f["iteration"], f["version"]) for f in state["in_flight"]] == [(2, 0), (3, 1)]
+    resumed, pol_b = run(texts, lake_pool, p, ckpt_dir=tmp_path / "ckpt", ckpt_key="k")
+    assert resumed == straight
+    assert all(torch.equal(a, b) for a, b in zip(pol_a.model.parameters(), pol_b.model.parameters()))

@@ -32,7 +32,7 @@ def test_repository_params_are_valid():
         (lambda r: r["sft"].update(epochs="many"), "sft.epochs = 'many'"),
         (lambda r: r["rl"]["defaults"].update(group_size=1), "rl.defaults.group_size = 1"),
         (lambda r: r["rl"]["defaults"].update(algorithm="a2c"), "rl.defaults.algorithm = 'a2c'"),
-        (lambda r: r["rl"]["defaults"]["asynchronous"].update(max_staleness=2), "rl.defaults.asynchronous.max_staleness = 2"),
+        (lambda r: r["rl"]["defaults"]["asynchronous"].update(max_staleness=9), "rl.defaults.asynchronous.max_staleness = 9"),
         (lambda r: r["rl"]["defaults"]["asynchronous"].update(correction="clip"), "rl.defaults.asynchronous.correction = 'clip'"),
         (lambda r: r["rl"]["stages"].update(late={"init": "sft", "lr": 2}), "stages.late.lr = 2: Input should be less than 1"),
         (lambda r: r["rl"]["stages"].update(late={"init": "rl/nowhere"}), "stages.late.init = 'rl/nowhere': must be one of sft, rl/main"),
@@ -237,6 +237,9 @@ OOD_SPLIT = "    ood:  {n_tasks: 80,  seed: 4, mix: {frozenlake_medium: 0.5, pyt
     # vLLM's python set by hand: checked at load, not at the first rollout of the rl stage
     ([("    backend: hf ", "    backend: vllm "), ("      python: null ", "      python: /nowhere/bin/python ")],
      "  - compute.rollout.vllm.python = '/nowhere/bin/python': not an executable file"),
+    # vLLM holds one set of weights: one iteration in flight at most
+    ([("    backend: hf ", "    backend: vllm "), ("    main: {init: sft}", "    main: {init: sft, asynchronous: {max_staleness: 2}}")],
+     "  - rl.stages.main: asynchronous.max_staleness = 2 with compute.rollout.backend = 'vllm'"),
 ])
 def test_contradictory_settings_are_refused_at_load(tmp_path, pairs, expected):
     path = edits(tmp_path, *pairs)

@@ -400,9 +400,10 @@ class AsyncParams(_Strict):
     the gap between that and the behaviour policy that sampled it, or (`correction: none`) takes PPO's
     ratio against the behaviour log-probs directly."""
 
-    max_staleness: int = Field(0, ge=0, le=1, description="policy versions an episode may lag the trainer "
-                               "(0: synchronous, every iteration plays on the weights it trains; 1: one iteration "
-                               "of rollouts in flight while the trainer updates)")
+    max_staleness: int = Field(0, ge=0, le=8, description="policy versions an episode may lag the trainer "
+                               "(0: synchronous, every iteration plays on the weights it trains; k: up to k "
+                               "iterations of rollouts in flight while the trainer updates; above 1 only with the "
+                               "hf backend, whose snapshots hold each flight's weights)")
     correction: Literal["decoupled", "masked", "none"] = Field(
         "decoupled", description="decoupled: PPO's ratio against the proximal policy (the trainer's weights "
         "before the update, one extra forward pass), each token weighted by min(pi_prox / pi_behaviour, is_cap) "
@@ -920,6 +921,12 @@ def _compute_contradictions(p: Params) -> list[str]:
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             out.append(f"compute.rollout.vllm.python = {vllm_python!r}: not an executable file; set it to the "
                        "python of an environment with vllm (or null: the one scripts/install_vllm.sh builds)")
+    if c.rollout.backend == "vllm":  # the engine plays on the live policy's weights: one flight at a time
+        for name in p.rl.stages:
+            if (k := p.rl.stage(name).asynchronous.max_staleness) > 1:
+                out.append(f"rl.stages.{name}: asynchronous.max_staleness = {k} with compute.rollout.backend = 'vllm': "
+                           "vLLM holds one set of weights, so one iteration can be in flight; use max_staleness 1 "
+                           "or the hf backend")
     if c.backend != "deepspeed":
         return out
     # What RL on ranks refuses (trainers.rl.check_ranks) would stop the rl stage after synthesize and sft

@@ -3,8 +3,8 @@
 Synchronous (`asynchronous.max_staleness: 0`) an iteration plays its tasks as one round on the live
 weights, in a worker thread the trainer waits for: the same bytes as playing in its own thread.
 
-Asynchronous (`max_staleness: 1`) the next iteration is launched on a snapshot of the weights before
-this iteration's update, so its rollouts overlap the update. Its tasks are cut into chunks of
+Asynchronous (`max_staleness: k`) the iterations up to k ahead are launched on a snapshot of the
+weights before this iteration's update, so their rollouts overlap the update. Its tasks are cut into chunks of
 `rollout_batch` episodes (whole groups), each with a seed of its own: an episode depends on its
 chunk alone, never on who played it or when, so a run is deterministic whatever the timing.
 
@@ -29,6 +29,7 @@ import random
 import signal
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -85,61 +86,67 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def _claim(counter, flight: int, n: int) -> int | None:
-    """The next unplayed chunk of `flight` (of `n`), or None: the process and the trainer share this."""
+def _claim(counter, flight: int, n: int, slot: int) -> int | None:
+    """The next unplayed chunk of `flight` (of `n`; its counter at `slot`), or None: the processes and
+    the trainer share this."""
     with counter.get_lock():
-        if counter[0] != flight or counter[1] >= n:
+        if counter[2 * slot] != flight or counter[2 * slot + 1] >= n:
             return None
-        counter[1] += 1
-        return counter[1] - 1
+        counter[2 * slot + 1] += 1
+        return counter[2 * slot + 1] - 1
 
 
-def _serve(policy: Policy, tasks_dir: Path, p: RLParams, counter, todo, done, parent: int) -> None:
-    """The rollout process: for each flight, claim chunks and play them. `policy`'s tensors are in shared
-    memory: the trainer writes each flight's weights into them before launching it, and waits for every
-    chunk of a flight before writing again."""
+def _serve(policies: list[Policy], tasks_dir: Path, p: RLParams, counter, todo, done, parent: int) -> None:
+    """A rollout process: for each flight, claim chunks and play them on the flight's slot. The
+    policies' tensors are in shared memory: the trainer writes a flight's weights into its slot before
+    launching it, and a slot is reused only once every chunk of its previous flight is in."""
     lifecycle.die_with_parent(signal.SIGTERM, parent)  # a killed trainer leaves no rollout process behind
     torch.set_num_threads(1)
-    policy.model.eval().requires_grad_(False)
-    rollout = HFRollout(policy)
+    rollouts = [HFRollout(policy) for policy in policies]
     while (flight := todo.get()) is not None:
-        fid, parts, seeds = flight
-        while (c := _claim(counter, fid, len(parts))) is not None:
+        fid, slot, parts, seeds = flight
+        while (c := _claim(counter, fid, len(parts), slot)) is not None:
             try:
-                done.put((fid, c, play(rollout, parts[c], tasks_dir, p, seeds[c])))
+                done.put((fid, c, play(rollouts[slot], parts[c], tasks_dir, p, seeds[c])))
             except BaseException:  # noqa: BLE001  (handed to the trainer, which raises it)
                 done.put((fid, c, RuntimeError(f"rl: the rollout process failed:\n{traceback.format_exc()}")))
 
 
 class RolloutProcess:
-    """Rollout processes (`asynchronous.processes`) sharing one copy of the policy in shared memory: the
-    trainer writes each flight's weights into it (weight sync in memory, nothing pickled per iteration),
-    and they only read it while a flight plays."""
+    """Rollout processes (`asynchronous.processes`) sharing `slots` copies of the policy in shared
+    memory, one per flight that can be in flight at once (`max_staleness`): the trainer writes a
+    flight's weights into its slot (weight sync in memory, nothing pickled per iteration), and the
+    processes only read them while it plays."""
 
-    def __init__(self, policy: Policy, tasks_dir: Path, p: RLParams, processes: int = 1):
+    def __init__(self, policy: Policy, tasks_dir: Path, p: RLParams, processes: int = 1, slots: int = 1):
         ctx = torch.multiprocessing.get_context("spawn")
-        own = copy.deepcopy(policy)
-        own.model.eval().requires_grad_(False).share_memory()
-        self.weights = own.model.state_dict()  # views of the shared tensors
-        self.counter = ctx.Array("q", [0, 0])  # [flight, next chunk], claimed under its lock
+        self.slots = slots
+        owns = []
+        for _ in range(slots):
+            own = copy.deepcopy(policy)
+            own.model.eval().requires_grad_(False).share_memory()
+            owns.append(own)
+        self.weights = [own.model.state_dict() for own in owns]  # views of the shared tensors
+        self.counter = ctx.Array("q", [0, 0] * slots)  # per slot: [flight, next chunk], claimed under its lock
         self.todo, self.done = ctx.Queue(), ctx.Queue()
         self.procs = [ctx.Process(target=_serve, name=f"rl-rollout-{i}", daemon=True,
-                                  args=(own, tasks_dir, p, self.counter, self.todo, self.done, os.getpid()))
+                                  args=(owns, tasks_dir, p, self.counter, self.todo, self.done, os.getpid()))
                       for i in range(processes)]
         for proc in self.procs:
             proc.start()  # they spawn and import while the first iteration is played here
 
     def launch(self, fid: int, weights: dict, parts: list[list[TaskSpec]], seeds: list[int]) -> None:
+        slot = fid % self.slots
         with torch.no_grad():
-            for k, v in weights.items():  # nothing reads them: the previous flight is all in
-                self.weights[k].copy_(v)
+            for k, v in weights.items():  # nothing reads this slot: its previous flight is all in
+                self.weights[slot][k].copy_(v)
         with self.counter.get_lock():
-            self.counter[0], self.counter[1] = fid, 0
+            self.counter[2 * slot], self.counter[2 * slot + 1] = fid, 0
         for _ in self.procs:
-            self.todo.put((fid, parts, seeds))
+            self.todo.put((fid, slot, parts, seeds))
 
     def claim(self, fid: int, n: int) -> int | None:
-        return _claim(self.counter, fid, n)
+        return _claim(self.counter, fid, n, fid % self.slots)
 
     def result(self, fid: int) -> tuple[int, list[Episode]]:
         """The next chunk of flight `fid` a process played: (its index, its episodes)."""
@@ -168,27 +175,44 @@ class RolloutProcess:
                 proc.join()
 
 
-class InFlight:
-    """The rollouts of an iteration, in flight: its tasks dealt (on the trainer's thread, from its rng)
-    and its episodes played by a worker (module docstring).
+@dataclass
+class Flight:
+    """An iteration's rollouts launched: on the weights of policy `version`, played by `job` (a thread's
+    future, or (flight id, chunks, seeds) for the rollout processes)."""
 
-    `take(it)` returns iteration `it`'s episodes and the policy version that played them (launched
-    now, on the current weights, if `it` is not in flight: always when synchronous, and on the first
-    iteration or a resume without a checkpointed flight when asynchronous). With `launch_next`
-    (asynchronous) it then launches `it + 1` on the weights as they are, before this iteration's
-    update, which therefore overlaps those rollouts: one version stale when the trainer takes them."""
+    it: int
+    version: int
+    tasks: list[TaskSpec]
+    weights: dict | None
+    job: object
+
+
+class InFlight:
+    """The rollouts of the iterations in flight: their tasks dealt (on the trainer's thread, from its
+    rng) and their episodes played by a worker (module docstring).
+
+    `take(it, last)` returns iteration `it`'s episodes and the policy version that played them
+    (launched now, on the current weights, if `it` is not in flight: always when synchronous, and on
+    the first iteration or a resume without a checkpointed flight when asynchronous). Asynchronous, it
+    then launches every iteration up to `it + max_staleness` (and `last`) not in flight yet, on the
+    weights as they are, before this iteration's update, which therefore overlaps those rollouts: an
+    iteration launched at `take(i)` is `j - i <= max_staleness` versions stale when taken."""
 
     def __init__(self, rollout, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int, rng: random.Random,
                  sampler: TaskSampler, policy: Policy):
         self.rollout, self.pool, self.tasks_dir, self.p, self.seed = rollout, pool, tasks_dir, p, seed
         self.rng, self.sampler, self.policy = rng, sampler, policy
-        self.pending: tuple[int, int, list[TaskSpec], object] | None = None  # iteration, version, tasks, job
-        self.weights: dict | None = None  # those the pending flight was launched with (a checkpoint keeps them)
-        self.asynchronous = bool(p.asynchronous.max_staleness)
-        self.process = RolloutProcess(rollout.policy, tasks_dir, p, p.asynchronous.processes) \
-            if self.asynchronous and p.asynchronous.worker == "process" and isinstance(rollout, SnapshotRollout) else None
+        self.pending: dict[int, Flight] = {}  # by iteration, in launch order
+        self.bound = p.asynchronous.max_staleness
+        if self.bound > 1 and not isinstance(rollout, SnapshotRollout):
+            raise ValueError(f"rl: asynchronous.max_staleness = {self.bound} with the {type(rollout).__name__} backend: "
+                             "it plays on the live policy's weights, so only one iteration can be in flight; use "
+                             "max_staleness 1, or the hf backend")
+        self.process = RolloutProcess(rollout.policy, tasks_dir, p, p.asynchronous.processes, slots=self.bound) \
+            if self.bound and p.asynchronous.worker == "process" and isinstance(rollout, SnapshotRollout) else None
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
         self.flights = 0
+        self.loaded: int | None = None  # the flight whose weights the snapshot holds (the trainer's chunks)
         self.threads = torch.get_num_threads()
         if self.process is not None:  # each rollout process has a core of its own: the trainer the rest
             torch.set_num_threads(max(1, self.threads - p.asynchronous.processes))  # (2 threads beside one on 2 cores: 27.8 s of update, not 21.6)
@@ -196,18 +220,13 @@ class InFlight:
     def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
         if tasks is None:
             tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
-        if not self.asynchronous:  # one round on the live weights
+        if not self.bound:  # one round on the live weights
             self.rollout.sync(self.policy)
             job = self.thread.submit(play, self.rollout, tasks, self.tasks_dir, self.p, iteration_seed(self.seed, it))
-            self.pending = (it, version, tasks, job)
+            self.pending[it] = Flight(it, version, tasks, None, job)
             return
         if weights is None:
-            weights = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
-        self.weights = weights
-        if hasattr(self.rollout, "load"):
-            self.rollout.load(weights)
-        else:  # vLLM: it takes weights from a policy
-            self.rollout.sync(self.policy)
+            weights = self._snapshot()
         per = tasks_per_chunk(self.p)
         parts = [tasks[i : i + per] for i in range(0, len(tasks), per)]
         seeds = [chunk_seed(self.seed, it, c) for c in range(len(parts))]
@@ -216,47 +235,63 @@ class InFlight:
             self.process.launch(self.flights, weights, parts, seeds)
             job = (self.flights, parts, seeds)
         else:
-            job = self.thread.submit(lambda: [play(self.rollout, part, self.tasks_dir, self.p, s)
-                                              for part, s in zip(parts, seeds)])
-        self.pending = (it, version, tasks, job)
+            rollout = self.rollout
+            if not hasattr(rollout, "load"):  # vLLM takes weights from a policy (one flight at a time)
+                rollout.sync(self.policy)
 
-    def _gather(self, job) -> list[list[Episode]]:
-        """A flight's chunks: those nobody claimed yet played here, then the process's collected."""
-        if isinstance(job, Future):
-            return job.result()
-        fid, parts, seeds = job
+            def play_all() -> list[list[Episode]]:  # the thread plays flights in launch order
+                if hasattr(rollout, "load"):
+                    rollout.load(weights)
+                return [play(rollout, part, self.tasks_dir, self.p, s) for part, s in zip(parts, seeds)]
+
+            job = self.thread.submit(play_all)
+        self.pending[it] = Flight(it, version, tasks, weights, job)
+
+    def _snapshot(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
+
+    def _gather(self, flight: Flight) -> list[list[Episode]]:
+        """A flight's chunks: those nobody claimed yet played here, then the processes' collected."""
+        if isinstance(flight.job, Future):
+            return flight.job.result()
+        fid, parts, seeds = flight.job
         got: dict[int, list[Episode]] = {}
         with torch_threads(1):
             while (c := self.process.claim(fid, len(parts))) is not None:
+                if self.loaded != fid:
+                    self.rollout.load(flight.weights)
+                    self.loaded = fid
                 got[c] = play(self.rollout, parts[c], self.tasks_dir, self.p, seeds[c])
         while len(got) < len(parts):
             c, episodes = self.process.result(fid)
             got[c] = episodes
         return [got[c] for c in range(len(parts))]
 
-    def take(self, it: int, launch_next: bool) -> tuple[list[Episode], int]:
-        if self.pending is None or self.pending[0] != it:
+    def take(self, it: int, last: int) -> tuple[list[Episode], int]:
+        if it not in self.pending:
             self._launch(it, version=it)
-        _, version, _, job = self.pending
-        out = self._gather(job)
-        episodes = joined(out, tasks_per_chunk(self.p)) if self.asynchronous else out
-        self.pending = None
-        if launch_next:
-            self._launch(it + 1, version=it)  # the weights before this iteration's update
-        return episodes, version
+        flight = self.pending.pop(it)
+        out = self._gather(flight)
+        if not self.bound:
+            return out, flight.version
+        weights = None
+        for j in range(it + 1, min(it + self.bound, last) + 1):
+            if j not in self.pending:  # on the weights before this iteration's update
+                weights = weights or self._snapshot()
+                self._launch(j, version=it, weights=weights)
+        return joined(out, tasks_per_chunk(self.p)), flight.version
 
-    def state(self) -> dict | None:
-        """What a checkpoint keeps of the flight: its iteration, version, tasks and weights."""
-        if self.pending is None:
-            return None
-        it, version, tasks, _ = self.pending
-        return {"iteration": it, "version": version, "task_ids": [t.task_id for t in tasks], "weights": self.weights}
+    def state(self) -> list[dict]:
+        """What a checkpoint keeps of the flights: each one's iteration, version, tasks and weights."""
+        return [{"iteration": f.it, "version": f.version, "task_ids": [t.task_id for t in f.tasks], "weights": f.weights}
+                for f in self.pending.values()]
 
-    def restore(self, state: dict) -> None:
-        """Relaunch a checkpointed flight: the same tasks on the same weights (exact; vLLM, which takes
-        weights only from the live policy, plays it on the resumed trainer's)."""
+    def restore(self, state: list[dict] | dict) -> None:
+        """Relaunch checkpointed flights, in order: the same tasks on the same weights (exact; vLLM, which
+        takes weights only from the live policy, plays it on the resumed trainer's)."""
         by_id = {t.task_id: t for t in self.pool}
-        self._launch(state["iteration"], state["version"], [by_id[i] for i in state["task_ids"]], state["weights"])
+        for f in [state] if isinstance(state, dict) else state:
+            self._launch(f["iteration"], f["version"], [by_id[i] for i in f["task_ids"]], f["weights"])
 
     def close(self) -> None:
         self.thread.shutdown(wait=True, cancel_futures=True)

@@ -18,9 +18,9 @@ One iteration, top to bottom:
 
 Every iteration's episodes are played by a worker (trainers.inflight.InFlight). Synchronous (the
 default, `asynchronous.max_staleness: 0`), the trainer waits for them. Asynchronous (`max_staleness:
-1`), the next iteration's tasks are dealt and its episodes played on a snapshot of the weights (a
-rollout process that the trainer helps once its update is done, a thread, or vLLM) while this
-iteration prepares and updates, so each batch comes from the policy one version behind the trainer;
+k`), the next iterations' tasks are dealt and their episodes played on snapshots of the weights
+(rollout processes that the trainer helps once its update is done, a thread, or vLLM) while this
+iteration prepares and updates, so each batch comes from a policy up to k versions behind the trainer;
 `prepare` recomputes its log-probs under the trainer's weights (decoupled PPO's proximal policy) and
 weights or masks tokens by the importance ratio (`asynchronous.correction`), or, with `correction:
 none`, PPO's ratio is taken against the behaviour log-probs and the mismatch measured on the update's
@@ -465,7 +465,7 @@ def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, cr
     their batch with advantages and the iteration's metrics row (batch, values, returns, row: what
     every rank gets), and the sample of its episodes to log."""
     rollout = flight.rollout
-    first, version = flight.take(it, launch_next=p.asynchronous.max_staleness > 0 and it + 1 < total)
+    first, version = flight.take(it, last=total - 1)
     episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
                                          None if p.episode_budget is None else p.episode_budget - played,
                                          rollout, sampler, rewards, played_first=first)
