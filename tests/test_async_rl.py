@@ -230,3 +230,33 @@ def test_staleness_two_keeps_two_iterations_in_flight_within_the_bound_and_resum
     resumed, pol_b = run(texts, lake_pool, p, ckpt_dir=tmp_path / "ckpt", ckpt_key="k")
     assert resumed == straight
     assert all(torch.equal(a, b) for a, b in zip(pol_a.model.parameters(), pol_b.model.parameters()))
+
+
+def test_under_lora_a_flight_carries_the_adapters_alone(lake_pool, texts, monkeypatch):
+    """Weight sync under LoRA moves the adapters only (the frozen base is in every copy); the run is
+    the same bytes whether the rollout process or the trainer plays the chunks."""
+    from agentkiln.config import LoRAParams
+    from agentkiln.policy import lora
+    from agentkiln.trainers import inflight
+
+    torch.set_num_threads(1)
+    p = params(1, rollout_batch=4)
+    tasks, tasks_dir = lake_pool
+    sent: list[set[str]] = []
+    real_launch = inflight.RolloutProcess.launch
+    runs = []
+    for trainer_plays_all in (False, True):
+        with monkeypatch.context() as m:
+            if trainer_plays_all:
+                m.setattr(inflight.RolloutProcess, "launch", _announce_to_nobody)
+            else:
+                m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
+                m.setattr(inflight.RolloutProcess, "launch",
+                          lambda self, fid, weights, parts, seeds: sent.append(set(weights)) or real_launch(
+                              self, fid, weights, parts, seeds))
+            pol = lora.add_lora(policy(texts), LoRAParams(enabled=True, r=4, target_modules=["q_proj", "v_proj"]), seed=0)
+            runs.append((trainer.train_rl(pol, None, tasks, tasks_dir, p, seed=3), pol))
+    (hist, pol), (again, pol2) = runs
+    assert [h["async/staleness"] for h in hist] == [0, 1, 1, 1] and again == hist
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))
+    assert len(sent) == 4 and all(keys and all(".lora_" in k for k in keys) for keys in sent), sent

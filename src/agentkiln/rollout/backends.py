@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from agentkiln.config import ComputeParams
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent
@@ -60,7 +62,11 @@ class SnapshotRollout(HFRollout):
         self.load(policy.model.state_dict())
 
     def load(self, weights: dict) -> None:
-        self.policy.model.load_state_dict(weights)
+        """Copy `weights` (all of the model's, or some: under LoRA the adapters alone) into the snapshot."""
+        mine = self.policy.model.state_dict()  # views of the snapshot's tensors
+        with torch.no_grad():
+            for k, v in weights.items():
+                mine[k].copy_(v)
 
 
 def open_rollout(policy: Policy, compute: ComputeParams | None, seed: int = 0, lora: bool = False):

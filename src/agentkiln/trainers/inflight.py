@@ -37,6 +37,7 @@ import torch
 from agentkiln import lifecycle
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
+from agentkiln.policy import lora
 from agentkiln.policy.model import Policy
 from agentkiln.rewards import needs_potentials
 from agentkiln.rollout.backends import HFRollout, SnapshotRollout
@@ -248,7 +249,12 @@ class InFlight:
         self.pending[it] = Flight(it, version, tasks, weights, job)
 
     def _snapshot(self) -> dict:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()}
+        """The weights a flight plays on, copied; under LoRA the adapters alone (the frozen base is in
+        every copy already: weight sync moves adapters only)."""
+        trained = {n for n, w in self.policy.model.named_parameters() if w.requires_grad} \
+            if lora.has_lora(self.policy) else None
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()
+                if trained is None or k in trained}
 
     def _gather(self, flight: Flight) -> list[list[Episode]]:
         """A flight's chunks: those nobody claimed yet played here, then the processes' collected."""
