@@ -204,4 +204,5 @@ def test_headline_metrics_are_success_per_policy_panel_and_family(tmp_path):
     m = {"rl": {"success": 0.6, "ood": {"success": 0.2}, "by_family": {"textworld": {"success": 0.9}},
                 "by_level": {"easy": {"success": 0.6}}, "mean_turns": 4.0},
          "random": {"success": 0.0}}
-    assert headline(m) == {"random": {"test": 0.0}, "rl": {"test": 0.6, "ood": 0.2, "test_textworld": 0.9}}
+    assert headline(m) == {"random": {"test": 0.0}, "rl": {"test": 0.6, "ood": 0.2}}
+    assert headline(m, families=True)["rl"] == {"test": 0.6, "ood": 0.2, "test_textworld": 0.9}

@@ -1,4 +1,4 @@
-"""The evaluation reports DVC tracks: headline.json (`dvc metrics`: success per policy, panel and
+"""The evaluation reports DVC tracks: headline.json (`dvc metrics`: success per policy and panel),
 family), metrics.json (every breakdown), success.csv and passk.csv
 (`dvc plots`), eval.md (tables for humans), eval.html (tables and plots in one page) and the
 plots success.png (success per policy with Wilson intervals, per family), passk.png and curves.png.
@@ -515,16 +515,18 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
     return "\n".join(parts + ["</body></html>"]) + "\n"
 
 
-def headline(metrics: dict) -> dict:
-    """The few numbers `dvc metrics show` prints (metrics.json's breakdowns made ~600 columns): per
-    policy, success on the test panel, on the ood panel and per family on the test panel."""
+def headline(metrics: dict, families: bool = False) -> dict:
+    """The few numbers `dvc metrics show` prints (metrics.json's breakdowns made ~600 columns; DVC
+    prints one row per file, a column per number): per policy, success on the test and ood panels;
+    with `families`, on the test panel per family too (the parent MLflow run's)."""
     out = {}
     for policy in ordered_policies(metrics):
         m = metrics[policy]
         row = {"test": m.get("success")}
         if isinstance(m.get("ood"), dict):
             row["ood"] = m["ood"].get("success")
-        row |= {f"test_{family}": f.get("success") for family, f in sorted((m.get("by_family") or {}).items())}
+        if families:
+            row |= {f"test_{family}": f.get("success") for family, f in sorted((m.get("by_family") or {}).items())}
         out[policy] = row
     return out
 

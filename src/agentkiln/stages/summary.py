@@ -31,7 +31,7 @@ def pipeline_metrics(root: Path, final_rl: str) -> dict[str, float]:
     """`dvc metrics show`'s numbers as <policy>/<test | ood | test_<family>> (evaluate.report.headline);
     promote/score and promote/promoted; the last RL stage's pool success before and after."""
     metrics = _read(root / paths.REPORTS / "metrics.json")
-    out = {f"{policy}/{key}": float(v) for policy, row in headline(metrics).items() for key, v in row.items()
+    out = {f"{policy}/{key}": float(v) for policy, row in headline(metrics, families=True).items() for key, v in row.items()
            if v is not None}
     promotion = _read(root / paths.REPORTS / "promotion.json")
     if promotion.get("score") is not None:
