@@ -1,5 +1,5 @@
 """The evaluation reports DVC tracks: headline.json (`dvc metrics`: success per policy and panel),
-family), metrics.json (every breakdown), success.csv and passk.csv
+metrics.json (every breakdown), success.csv and passk.csv
 (`dvc plots`), eval.md (tables for humans), eval.html (tables and plots in one page) and the
 plots success.png (success per policy with Wilson intervals, per family), passk.png and curves.png.
 
