@@ -125,6 +125,13 @@ def score(policy: Policy, batch: Batch, temperature: float, rows_per_pass: int, 
     return out
 
 
+def mismatch_stats(delta: torch.Tensor) -> dict:
+    """Mean |delta log p| and the k3 KL(behaviour || trainer) of tokens whose log-probs differ by `delta`
+    (trainer minus behaviour); zeros for no tokens."""
+    return {"mismatch/abs_logp_diff": float(delta.abs().mean()) if len(delta) else 0.0,
+            "mismatch/k3_kl": float((delta.exp() - 1 - delta).mean()) if len(delta) else 0.0}
+
+
 def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | None, masked: bool = False
                      ) -> tuple[torch.Tensor, dict]:
     """Compare the rollout engine's log-probs (batch.old_logp) with the trainer's recomputation of the
@@ -133,9 +140,7 @@ def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | 
     health metrics: mean |delta log p|, max, and the k3 KL(rollout || trainer))."""
     rollout_lp, train_lp = batch.flat(batch.old_logp), batch.flat(trainer_logp)
     delta = train_lp - rollout_lp
-    stats = {"mismatch/abs_logp_diff": float(delta.abs().mean()) if len(delta) else 0.0,
-             "mismatch/max_abs_logp_diff": float(delta.abs().max()) if len(delta) else 0.0,
-             "mismatch/k3_kl": float((delta.exp() - 1 - delta).mean()) if len(delta) else 0.0}
+    stats = mismatch_stats(delta) | {"mismatch/max_abs_logp_diff": float(delta.abs().max()) if len(delta) else 0.0}
     weight = torch.ones_like(delta)
     if tis_cap is not None and masked:
         keep = (delta.exp() <= tis_cap) & (delta.exp() >= 1 / tis_cap)
@@ -292,9 +297,7 @@ def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weigh
     if p.entropy_coef > 0:
         loss = loss + entropy_bonus(entropy, p.entropy_coef, p.loss_agg, seq, norm_len)
     if mismatch:  # every rank has the keys (their stats are summed over ranks)
-        delta = logp.detach().float() - old.float()
-        stats |= {"mismatch/abs_logp_diff": float(delta.abs().mean()) if len(delta) else 0.0,
-                  "mismatch/k3_kl": float((delta.exp() - 1 - delta).mean()) if len(delta) else 0.0}
+        stats |= mismatch_stats(logp.detach().float() - old.float())
     engine.backward(loss * weight)
     return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
 
