@@ -8,6 +8,9 @@
     agentkiln promote | rollback | registry  the model registry
     agentkiln serve --cron "0 3 * * *"       the pipeline on a schedule (Prefect)
     agentkiln ui                             MLflow and Prefect servers on loopback
+    agentkiln endpoint --model models:/agentkiln-policy@champion
+                                             the policy behind an OpenAI-compatible API
+    agentkiln collect DIR --name NAME        recorded episodes -> a versioned training split
     agentkiln doctor                         is this machine ready?
 
 Commands that run a flow run `python -m flows.<name>` in the project (the nearest directory above
@@ -249,6 +252,51 @@ def ui(
     except ServerError as e:
         typer.echo(f"agentkiln ui: {e}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command()
+def endpoint(
+    model: Annotated[str, typer.Option(help="a registry URI (models:/<name>@<alias> is followed as the alias moves; "
+                                       "models:/<name>/<version>) or a policy directory (e.g. models/rl)")]
+    = "models:/agentkiln-policy@champion",
+    host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    record: Annotated[Optional[Path], typer.Option(help="record every conversation as a token-in/token-out episode "
+                                                   "in this directory (agentkiln collect seals them)")] = None,
+    poll: Annotated[float, typer.Option(help="seconds between checks of the alias's version")] = 10.0,
+    max_batch: Annotated[int, typer.Option(help="requests decoded together at most")] = 16,
+    max_tokens: Annotated[int, typer.Option(help="reply budget of a request that sets no max_tokens")] = 64,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (default: torch's)")] = None,
+) -> None:
+    """Serve a policy behind an OpenAI-compatible API (/v1/models, /v1/chat/completions with tools and
+    streaming): its chat template, agent format and constrained decoding, token ids and log-probs returned.
+
+    Example: agentkiln endpoint --model models:/agentkiln-policy@champion --port 8000 --record data/recorded"""
+    from agentkiln.evaluate.sources import source_problem
+
+    if port < 1 or port > 65535:
+        fail(f"--port {port}: expected 1-65535")
+    if poll <= 0 or max_batch < 1 or max_tokens < 1:
+        fail("--poll, --max-batch and --max-tokens must be positive")
+    if model in ("sft", "rl", "distilled"):  # the pipeline's models, where params.yaml puts them
+        from agentkiln.paths import model_dirs
+
+        model = str(model_dirs(load_params(project() / PARAMS_FILE))[model])
+    if not model.startswith("models:/") and (problem := source_problem(model)):
+        fail(f"--model {problem}")
+    from agentkiln.registry.ui import port_taken
+
+    if port_taken(port, host):
+        fail(f"port {port} on {host} is taken (another endpoint or program listens there); pick another with --port")
+    if model.startswith("models:/"):
+        project()  # the registry is the project's MLflow store
+    from agentkiln.serving.app import serve as serve_endpoint
+
+    try:
+        serve_endpoint(model, host, port, str(record) if record else None, poll, max_batch, threads, max_tokens,
+                       out=typer.echo)
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e), 1)
 
 
 @app.command()

@@ -1,0 +1,218 @@
+"""`agentkiln endpoint`: a policy behind an OpenAI-compatible API, driven by the real `openai` client
+over real HTTP (uvicorn), against the evaluation path of the same model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """An endpoint (app + uvicorn) on a free loopback port in this process, stopped on exit."""
+
+    def __init__(self, spec: str, record: Path | None = None, poll: float = 10.0):
+        import uvicorn
+
+        from agentkiln.serving.app import create_app
+        from agentkiln.serving.recorder import Recorder
+        from agentkiln.serving.source import ModelSource
+        from agentkiln.serving.worker import Worker
+
+        self.source = ModelSource(spec, poll=poll, log=lambda *_: None)
+        self.worker = Worker(self.source, Recorder(record) if record else None)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.worker), host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        self.source.follow()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "the endpoint did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.source.stop()
+        self.worker.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self):
+        return openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """FrozenLake (admissible actions) and SQL (a tool family) tasks, and a policy briefly trained on
+    their expert episodes (so it wins some and loses some), saved as a policy directory."""
+    from agentkiln.policy import save_policy
+    from agentkiln.stages.sft import render_all
+    from agentkiln.synthesis.generate import generate
+    from agentkiln.trainers.supervised import OptimConfig, train_supervised
+    from tests.conftest import expert_episodes, scratch_policy
+
+    out = tmp_path_factory.mktemp("endpoint")
+    tasks = generate("gym-toytext", 6, seed=3, level="easy", out_dir=out, game="frozenlake") \
+        + generate("sql", 3, seed=11, level="easy", out_dir=out)
+    policy = scratch_policy(tasks, out, hidden_size=64)
+    train_supervised(policy, render_all(policy, expert_episodes(tasks[:4] + tasks[6:8], out)),
+                     OptimConfig(40, 2, 3e-3, 0.0, 0, 1.0), seed=0)
+    save_policy(policy, out / "policy")
+    return tasks, out, out / "policy"
+
+
+def harness_episode(client, task, tasks_dir, max_turns=None):
+    """One whole episode as an agent harness plays it: the environment's text as user / tool messages,
+    its valid actions as the `admissible` extension, the reply's tool call or content as the action."""
+    from agentkiln.envs import make
+
+    env = make(task, tasks_dir, max_turns=max_turns)
+    obs = env.reset()
+    tools = env.tool_specs() if env.free_form else None
+    messages = [{"role": "user", "content": "\n".join(x for x in (env.goal, obs.text) if x)}]
+    actions, served = [], []
+    while True:
+        extra = {"admissible": obs.admissible} if obs.admissible else {}
+        try:
+            r = client.chat.completions.create(model="policy", messages=messages, temperature=0, tools=tools,
+                                               max_tokens=env.max_reply_tokens, extra_body=extra,
+                                               metadata={"task_id": task.task_id, "family": task.family})
+        except openai.BadRequestError as e:  # the conversation outgrew the context: the episode is cut
+            assert "context" in str(e)
+            break
+        msg = r.choices[0].message
+        served.append(r.model_extra["prompt_token_ids"] + r.choices[0].model_extra["token_ids"])
+        if msg.tool_calls:
+            call = msg.tool_calls[0]
+            action = f"{call.function.name}[{next(iter(json.loads(call.function.arguments).values()))}]"
+            messages.append(msg.model_dump(exclude_none=True))
+            role = {"role": "tool", "tool_call_id": call.id}
+        else:
+            action = msg.content
+            messages.append({"role": "assistant", "content": msg.content})
+            role = {"role": "user"}
+        actions.append(action)
+        res = env.step(action)
+        if res.done:
+            return {"actions": actions, "won": bool(res.info["won"]), "episode": r.model_extra["agentkiln"]["episode_id"],
+                    "served": served}
+        obs = res.observation
+        messages.append(role | {"content": obs.text})
+    return {"actions": actions, "won": False, "episode": None, "served": served}
+
+
+def test_harness_through_the_endpoint_plays_as_eval_does(world, tmp_path):
+    """Whole episodes of two families (admissible actions; a tool family) through the openai client,
+    four clients at once: the same actions, outcomes and success as the evaluation path of the same
+    model with the same (greedy) decoding; every recorded episode holds exactly the ids served, which
+    are the ids evaluation generated."""
+    from agentkiln.evaluate.agents import policy_agent
+    from agentkiln.evaluate.harness import records, summarize
+    from agentkiln.policy import load_policy
+    from agentkiln.rollout.engine import run_episodes
+    from tests.conftest import params_with
+
+    tasks, out, model = world
+    policy = load_policy(model)
+    evaluated = run_episodes(policy_agent(policy, params_with({}).evaluate, greedy=True), tasks, out, None)
+    with Served(str(model), record=tmp_path / "rec") as srv:
+        client = srv.client()
+        assert [m.id for m in client.models.list().data] == ["policy"]
+        with ThreadPoolExecutor(4) as pool:
+            played = list(pool.map(lambda t: harness_episode(client, t, out), tasks))
+        assert srv.worker.batches < sum(len(p["actions"]) for p in played)  # concurrent requests were batched
+    for ep, run in zip(evaluated, played):
+        assert run["actions"] == [t.action for t in ep.turns], ep.task_id
+        assert run["won"] == ep.won
+    eval_success = summarize(records(evaluated, tasks, 1))["success"]
+    assert sum(p["won"] for p in played) / len(played) == eval_success
+    assert 0 < eval_success < 1  # the comparison is not between two all-losing (or all-winning) players
+    assert any(a.startswith("sql[") for p in played for a in p["actions"])  # the tool family decoded freely
+    for ep, run in zip(evaluated, played):
+        rec = json.loads((tmp_path / "rec" / f"{run['episode']}.json").read_text())
+        assert rec["ids"] == ep.ids and not rec["retokenized"] and rec["task_id"] == ep.task_id
+        for turn, served in zip(rec["turns"], run["served"]):  # the ids of every turn as served
+            start, _ = rec["windows"][turn["window"]]
+            window = rec["ids"][: turn["end"]] if start == 0 else rec["ids"][: rec["prompt_len"]] + rec["ids"][start: turn["end"]]
+            assert served == window
+
+
+def test_tool_calls_streaming_logprobs_and_rewards(world, tmp_path):
+    """A constrained tool-family reply comes back as an OpenAI tool call (streamed too); log-probs are the
+    reply tokens'; a resent history continues the recorded episode; the client's reward closes it."""
+    import httpx
+
+    from agentkiln.envs import make
+
+    tasks, out, model = world
+    env = make(tasks[6], out)
+    obs = env.reset()
+    tools = env.tool_specs()
+    messages = [{"role": "user", "content": env.goal + "\n" + obs.text}]
+    with Served(str(model), record=tmp_path / "rec") as srv:
+        client = srv.client()
+        forced = ["sql[SELECT 1]", "answer[42]"]
+        r = client.chat.completions.create(model="policy", messages=messages, tools=tools, temperature=0,
+                                           logprobs=True, extra_body={"admissible": forced})
+        msg, ext = r.choices[0].message, r.model_extra["agentkiln"]
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
+        call = msg.tool_calls[0].function
+        assert f"{call.name}[{next(iter(json.loads(call.arguments).values()))}]" in forced
+        assert [t.logprob for t in r.choices[0].logprobs.content] == pytest.approx(
+            json.loads((tmp_path / "rec" / f"{ext['episode_id']}.json").read_text())["turns"][0]["logprobs"], abs=1e-5)
+        assert sum(t.logprob for t in r.choices[0].logprobs.content) > -50
+        # the history resent with the served reply continues the same episode (same id, ids kept)
+        messages += [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id,
+                                                         "content": "1"}]
+        r2 = client.chat.completions.create(model="policy", messages=messages, tools=tools, temperature=0,
+                                            extra_body={"admissible": forced})
+        ext2 = r2.model_extra["agentkiln"]
+        assert ext2["episode_id"] == ext["episode_id"] and ext2["turn"] == 2 and not ext2["retokenized"]
+        assert r2.model_extra["prompt_token_ids"][: len(r.model_extra["prompt_token_ids"])] == r.model_extra["prompt_token_ids"]
+        # a reply the endpoint never served: re-tokenised from its text, flagged, a new episode
+        edited = messages[:1] + [{"role": "assistant", "content": "sql[SELECT 2]"}] + [{"role": "user", "content": "2"}]
+        r3 = client.chat.completions.create(model="policy", messages=edited, temperature=0)
+        assert r3.model_extra["agentkiln"]["retokenized"] and r3.model_extra["agentkiln"]["episode_id"] != ext["episode_id"]
+        messages += [r2.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "2"}]
+        raw = httpx.post(f"{srv.url}/chat/completions", json={"messages": messages, "temperature": 0, "tools": tools})
+        assert raw.headers["x-agentkiln-model-version"].startswith("local-")
+        assert raw.headers["x-agentkiln-episode"] == ext["episode_id"]
+        ok = httpx.post(f"{srv.url}/episodes/{ext['episode_id']}/reward", json={"reward": 1.0})
+        assert ok.status_code == 200 and ok.json()["won"] is True
+        rec = json.loads((tmp_path / "rec" / f"{ext['episode_id']}.json").read_text())
+        assert rec["outcome"]["reward"] == 1.0 and len(rec["turns"]) == 3
+        assert httpx.post(f"{srv.url}/episodes/ep-nope/reward", json={"reward": 1}).status_code == 404
+        # streamed: the same reply, as chunks the client puts back together
+        stream = client.chat.completions.create(model="policy", messages=messages[:1], tools=tools, temperature=0,
+                                                stream=True, extra_body={"admissible": forced})
+        chunks = list(stream)
+        calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+        assert calls[0][0].function.name == call.name and chunks[-1].choices[0].finish_reason == "tool_calls"
+        # bad requests are refused by name
+        for body, word in [({"messages": "hi"}, "messages"), ({"messages": messages, "n": 2}, "`n`"),
+                           ({"messages": messages, "top_p": 0.5}, "top_p"),
+                           ({"messages": messages, "decoding": "constrained"}, "admissible"),
+                           ({"messages": [{"role": "assistant", "content": "x"}]}, "user message")]:
+            bad = httpx.post(f"{srv.url}/chat/completions", json=body)
+            assert bad.status_code == 400 and word in bad.json()["error"]["message"], body
