@@ -25,6 +25,7 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
             tracking.log_artifact(dirs["reports_dir"] / "trajectories.html")
             write_json(dirs["reports_dir"] / "metrics.json", metrics)
             tracking.log_split(paths.TASKS / "rl")
+            tracking.log_collected(params.rl.stage(name).offline.split)
             log_policy(dirs["out_dir"])
             publish(f"rl-{name}", metrics)
 

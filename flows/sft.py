@@ -15,6 +15,7 @@ def sft_flow(params: Params) -> dict:
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "sft_metrics.json", metrics)
         tracking.log_split(paths.TASKS / "sft")
+        tracking.log_collected(params.sft.data.collected)
         log_policy(paths.SFT_MODEL)
         publish("sft", metrics)
 

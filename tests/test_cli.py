@@ -16,7 +16,7 @@ from agentkiln.cli import app
 from tests.conftest import copy_worktree
 
 COMMANDS = [["run"], ["stage"], ["eval"], ["play"], ["findings"], ["promote"], ["rollback"], ["registry"], ["registry", "show"],
-            ["serve"], ["ui"], ["doctor"]]
+            ["serve"], ["ui"], ["endpoint"], ["collect"], ["doctor"]]
 SCRIPT = Path(sys.executable).parent / "agentkiln"
 
 

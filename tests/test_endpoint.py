@@ -216,3 +216,107 @@ def test_tool_calls_streaming_logprobs_and_rewards(world, tmp_path):
                            ({"messages": [{"role": "assistant", "content": "x"}]}, "user message")]:
             bad = httpx.post(f"{srv.url}/chat/completions", json=body)
             assert bad.status_code == 400 and word in bad.json()["error"]["message"], body
+
+
+def test_the_endpoint_follows_the_champion_alias_without_a_restart(world, tmp_path):
+    """Pointed at models:/<name>@champion: promoting another version changes the version that answers
+    (response header), with the same server process and port."""
+    import httpx
+
+    from agentkiln import tracking
+    from agentkiln.policy import save_policy
+    from agentkiln.registry import model_registry as mr
+    from tests.conftest import scratch_policy
+    from tests.test_tracking_registry import _isolated_mlflow_env
+
+    tasks, out, model = world
+    other = save_policy(scratch_policy(tasks, out, seed=7), tmp_path / "other")
+    name = "agentkiln-endpoint-test"
+    with _isolated_mlflow_env(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+        mp.chdir(tmp_path)
+        tracking._setup_state = None
+        tracking.setup()
+        with tracking.stage_run("promote"):
+            v1 = mr.register_candidate(model, name, {"candidate": "sft"}, {"success": 0.5})
+            v2 = mr.register_candidate(other, name, {"candidate": "rl"}, {"success": 0.6})
+        mr.promote(name, v1)
+        body = {"messages": [{"role": "user", "content": "go"}], "temperature": 0, "admissible": ["left", "right"]}
+        with Served(f"models:/{name}@champion", poll=0.2) as srv:
+            first = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
+            assert first.headers["x-agentkiln-model-version"] == v1 == "1"
+            assert srv.client().models.list().data[0].id == name
+            mr.promote(name, v2)
+            deadline, seen = time.time() + 60, v1
+            while seen != v2:
+                assert time.time() < deadline, "the endpoint still serves the old champion"
+                time.sleep(0.2)
+                r = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
+                seen = r.headers["x-agentkiln-model-version"]
+            assert r.json()["agentkiln"]["model_version"] == v2
+            mr.rollback(name)
+            deadline = time.time() + 60
+            while httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60).headers[
+                    "x-agentkiln-model-version"] != v1:
+                assert time.time() < deadline, "the endpoint did not follow the rollback"
+                time.sleep(0.2)
+
+
+def test_recorded_episodes_collect_into_a_split_that_sft_and_rl_train_on(world, tmp_path):
+    """A harness plays through the recording endpoint and posts rewards; `collect` seals the episodes
+    (never over an existing split); SFT trains on the won ones with the ids as served (and on the text of
+    the ones a different tokenizer served), one RL iteration trains on the rewarded ones beside its
+    rollouts, and the registered model's lineage names the split."""
+    import httpx
+
+    from agentkiln.config import RLParams
+    from agentkiln.policy import load_policy
+    from agentkiln.collected import collect, load_split, split_digest, training_episodes
+    from agentkiln.stages.promote import collected_lineage
+    from agentkiln.trainers import rl as trainer
+    from agentkiln.trainers.supervised import OptimConfig, train_supervised
+    from tests.conftest import params_with
+
+    tasks, out, model = world
+    lake = tasks[:6]
+    with Served(str(model), record=tmp_path / "rec") as srv:
+        client = srv.client()
+        for run in [harness_episode(client, t, out, max_turns=6) for t in lake]:
+            if run["episode"]:
+                httpx.post(f"{srv.url}/episodes/{run['episode']}/reward", json={"reward": float(run["won"])})
+    split = collect(tmp_path / "rec", tmp_path / "collected", "harness-v1", dvc=False, log=lambda *_: None)
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        collect(tmp_path / "rec", tmp_path / "collected", "harness-v1", dvc=False, log=lambda *_: None)
+    manifest = json.loads((split / "manifest.json").read_text())
+    records = load_split(split, "test")
+    assert manifest["meta"]["episodes"] == len(records) == 6 and 0 < manifest["meta"]["won"] < 6
+    policy = load_policy(model)
+    served, text = training_episodes(records, policy, won_only=True)
+    assert len(served) == manifest["meta"]["won"] and not text
+    assert [e.ids for e in served] == [r["ids"] for r in records if r["outcome"]["won"]]  # the ids as served
+    history = train_supervised(policy, served, OptimConfig(3, 2, 1e-3, 0.0, 0, 1.0), seed=0)
+    assert history[-1]["loss"] < history[0]["loss"]
+    # the RL stage: one iteration, the split's rewarded episodes in the batch with their behaviour log-probs
+    p = RLParams(algorithm="grpo", iterations=1, tasks_per_iter=2, group_size=2, max_turns=4, minibatch_size=8,
+                 offline={"split": str(split), "per_iteration": 6})
+    hist = trainer.train_rl(load_policy(model), None, lake, out, p, seed=0)
+    assert hist[0]["offline/episodes"] == 6 and hist[0]["offline/success"] == manifest["meta"]["won"] / 6
+    # the SFT stage with another tokenizer (a scratch one of its own): the won episodes rendered from text
+    params = params_with({"sft": {"data": {"collected": str(split)}},
+                          "rl": {"stages": {"main": {"init": "sft", "offline": {"split": str(split)}}}}})
+    assert collected_lineage(params) == {"lineage.collected.sft": f"{split}@{split_digest(split)}",
+                                         "lineage.collected.rl.main": f"{split}@{split_digest(split)}"}
+    from agentkiln.stages.sft import run_sft
+    from tests.conftest import tiny_dataset
+
+    lake_mix = {"frozenlake_easy": 1.0}
+    tasks_dir = tiny_dataset(tmp_path / "tasks", {"sft": lake_mix, "rl": lake_mix, "test": lake_mix},
+                             {"sft": 4, "rl": 2, "test": 2})
+    metrics = run_sft(params.model_copy(update={"sft": params.sft.model_copy(update={"epochs": 1})}), tasks_dir,
+                      tmp_path / "sft")
+    assert metrics["n_episodes_collected_won"] == manifest["meta"]["won"] and metrics["n_episodes_collected_as_served"] == 0
+    assert metrics["n_episodes"] == metrics["n_episodes_clean"] + metrics.get("n_episodes_recovery", 0) + metrics[
+        "n_episodes_collected_won"]
+    (split / "episodes.jsonl").write_text((split / "episodes.jsonl").read_text().replace('"won": true', '"won": false'))
+    with pytest.raises(Exception, match="episodes.jsonl"):  # a tampered split is refused by name
+        load_split(split, "sft.data.collected")

@@ -300,6 +300,28 @@ def endpoint(
 
 
 @app.command()
+def collect(
+    record_dir: Annotated[Path, typer.Argument(help="the --record directory of `agentkiln endpoint`")],
+    name: Annotated[str, typer.Option(help="the split's name: a new one each time (splits are never overwritten)")],
+    out: Annotated[Path, typer.Option(help="where collected splits live")] = Path("data/collected"),
+    rewarded_only: Annotated[bool, typer.Option("--rewarded-only", help="leave out episodes no reward was posted for")]
+    = False,
+    no_dvc: Annotated[bool, typer.Option("--no-dvc", help="do not `dvc add` the split")] = False,
+) -> None:
+    """Seal the episodes the endpoint recorded into a versioned split (manifest, pandera contract, dvc add),
+    which SFT (sft.data.collected) and RL (rl.defaults.offline.split) train on by params.
+
+    Example: agentkiln collect data/recorded --name harness-v1"""
+    from agentkiln.artifacts import ArtifactError
+    from agentkiln.collected import collect as collect_split
+
+    try:
+        collect_split(record_dir, out, name, rewarded_only=rewarded_only, dvc=not no_dvc, log=typer.echo)
+    except (FileNotFoundError, FileExistsError, ArtifactError, ValueError) as e:
+        fail(str(e))
+
+
+@app.command()
 def doctor() -> None:
     """Check this machine: versions, sandbox, params, project, MLflow store, Prefect API, GPU."""
     from agentkiln.doctor import run_checks

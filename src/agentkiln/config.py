@@ -293,6 +293,8 @@ class SFTDataParams(_Strict):
     recovery: float = Field(0.25, ge=0, le=100)
     alternative: float = Field(0.0, ge=0, le=100)
     own_wins: OwnWinsParams = OwnWinsParams()
+    collected: str | None = Field(None, description="a collected split (agentkiln collect, e.g. data/collected/NAME): "
+                                  "its won episodes join SFT's data, ids as served; null: none")
 
     @model_validator(mode="after")
     def _some(self):
@@ -392,6 +394,15 @@ def merge_stage(base: dict, override: dict) -> dict:
     return out
 
 
+class OfflineParams(_Strict):
+    """Episodes an agent harness played through `agentkiln endpoint`, trained on beside the rollouts
+    (agentkiln.trainers.offline): a collected split's rewarded episodes, ids and behaviour log-probs as
+    served, grouped by task id for the estimator's baselines."""
+
+    split: str | None = Field(None, description="a split of `agentkiln collect` (e.g. data/collected/NAME); null: off")
+    per_iteration: int = Field(16, ge=1, le=65536, description="its episodes added to every iteration's batch (in turn)")
+
+
 class AsyncParams(_Strict):
     """Asynchronous RL (agentkiln.trainers.inflight, docs/rl.md "Asynchronous RL"): the next iteration's
     rollouts play on a snapshot of the weights while this iteration trains, so an episode's policy
@@ -489,6 +500,7 @@ class RLParams(_Strict):
     tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
     asynchronous: AsyncParams = AsyncParams()
+    offline: OfflineParams = OfflineParams()
     log_episodes: int = Field(4, ge=0, le=4096, description="episodes per iteration logged to MLflow as "
                               "episodes/iteration_NNNN.json (turns, rewards, advantages, log-probs, policy version); 0: none")
 
@@ -499,6 +511,9 @@ class RLParams(_Strict):
                              "dealt before this one's groups are known; turn one of them off")
         if any(not (0 <= w < float("inf")) for w in self.mix.values()) or (self.mix and not any(self.mix.values())):
             raise ValueError(f"mix = {self.mix}: weights are finite, >= 0 and not all 0")
+        if self.offline.split and self.reward.potential.weight:
+            raise ValueError("offline.split with reward.potential.weight > 0: a harness's episodes have no expert "
+                             "distances to shape with; turn one of them off")
         return self
 
 

@@ -162,3 +162,30 @@ def load_expert_trajectories(path: str | Path) -> pd.DataFrame:
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise ValueError(f"{path}: not a readable parquet file ({e})") from e
     return validate_expert_trajectories(df, source=str(path))
+
+
+class CollectedEpisodeSchema(pa.DataFrameModel):
+    """One row per episode of a collected split (`agentkiln collect`): episodes recorded by the endpoint,
+    token ids as served. `won` / `reward` are the client's posted outcome (null: never rewarded)."""
+
+    episode_id: Series[str] = pa.Field(str_length={"min_value": 1}, unique=True)
+    task_id: Series[str]
+    family: Series[str]
+    model: Series[str] = pa.Field(str_length={"min_value": 1})
+    model_version: Series[str] = pa.Field(str_length={"min_value": 1})
+    tokenizer: Series[str] = pa.Field(str_length={"min_value": 16})
+    turns: Series[int] = pa.Field(ge=1)
+    n_ids: Series[int] = pa.Field(ge=2)
+    rewarded: Series[bool]
+    reward: Series[float] = pa.Field(nullable=True)
+    won: Series[pd.BooleanDtype] = pa.Field(nullable=True)
+    retokenized: Series[bool]
+    spans_ok: Series[bool] = pa.Field(isin=[True])  # every reply's span inside the ids, one log-prob per token
+
+    class Config:
+        strict = True
+        name = "collected_episodes"
+
+
+def validate_collected(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    return _validate(CollectedEpisodeSchema, df, source, "collected episode table")

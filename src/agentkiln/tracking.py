@@ -8,6 +8,7 @@ unless MLFLOW_TRACKING_URI says otherwise (AGENTKILN_MLFLOW_DIR moves the defaul
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 import os
@@ -252,8 +253,21 @@ def log_split(split_dir: str | Path, context: str = "training") -> None:
         return
     split_dir = Path(split_dir)
     manifest = json.loads((split_dir / "manifest.json").read_text())
+    _log_input(split_dir, f"tasks/{split_dir.name}", manifest["sha256"][:16], context)
+
+
+def log_collected(split_dir: str | Path | None, context: str = "training") -> None:
+    """Record a collected split (agentkiln collect) the active run trained on as a dataset input named
+    `collected/<name>`, its digest the sha256 of its manifest (what the registry's lineage tag names)."""
+    if split_dir is None or mlflow.active_run() is None:
+        return
+    split_dir = Path(split_dir)
+    digest = hashlib.sha256((split_dir / "manifest.json").read_bytes()).hexdigest()[:16]
+    _log_input(split_dir, f"collected/{split_dir.name}", digest, context)
+
+
+def _log_input(split_dir: Path, name: str, digest: str, context: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # MLflow warns that a local path source is inferred
         source = resolve_dataset_source(str(split_dir.resolve()))
-    dataset = MetaDataset(source, name=f"tasks/{split_dir.name}", digest=manifest["sha256"][:16])
-    mlflow.log_input(dataset, context=context)
+    mlflow.log_input(MetaDataset(source, name=name, digest=digest), context=context)

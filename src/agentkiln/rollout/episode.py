@@ -92,3 +92,32 @@ class Episode:
         """Row position of ids[i] in window `w` = i + window_offset(w)."""
         start = self.windows[w][0]
         return 0 if start == 0 else self.prompt_len - start
+
+
+def to_record(ep: Episode, temperature: float = 1.0) -> dict:
+    """An episode as plain data: its turns' texts and outcomes, and its token ids as generated (windows,
+    each reply's span, per-token behaviour log-probs, constrained-decoding choices): the format of logged
+    training episodes and of the endpoint's recorded ones."""
+    return {"task_id": ep.task_id, "family": ep.family, "task_type": ep.task_type, "group": ep.group, "won": ep.won,
+            "reward": ep.reward, "policy_version": ep.policy_version, "goal": ep.goal, "max_turns": ep.max_turns,
+            "temperature": temperature, "ids": list(ep.ids), "prompt_len": ep.prompt_len,
+            "windows": [list(w) for w in ep.windows], "turns": [
+                {"observation": t.observation, "reply": t.reply, "action": t.action, "reward": t.reward,
+                 "invalid": t.invalid, "tokens": t.n_tokens, "advantage": t.advantage,
+                 "behaviour_logp": round(sum(t.logprobs), 6),
+                 "trainer_logp": None if t.trainer_logp is None else round(t.trainer_logp, 6),
+                 "window": t.window, "start": t.start, "end": t.end,
+                 "logprobs": [round(x, 6) for x in t.logprobs], "allowed": t.allowed}
+                for t in ep.turns]}
+
+
+def from_record(rec: dict) -> Episode:
+    """The episode a record was made from (its turns' texts, ids, spans, log-probs and advantages)."""
+    turns = [Turn(observation=t["observation"], admissible=None, anchor="", reply=t["reply"], action=t["action"],
+                  reward=t["reward"], invalid=t["invalid"], window=t["window"], start=t["start"], end=t["end"],
+                  logprobs=list(t["logprobs"]), allowed=t["allowed"], advantage=t["advantage"],
+                  trainer_logp=t["trainer_logp"]) for t in rec["turns"]]
+    return Episode(task_id=rec["task_id"], family=rec["family"], group=rec["group"], task_type=rec["task_type"],
+                   max_turns=rec["max_turns"], goal=rec["goal"], turns=turns, won=rec["won"], ids=list(rec["ids"]),
+                   prompt_len=rec["prompt_len"], windows=[list(w) for w in rec["windows"]],
+                   policy_version=rec["policy_version"])

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from agentkiln.rollout.episode import Episode
-from agentkiln.trainers.episode_log import record
+from agentkiln.collected import RECORD_KIND
+from agentkiln.rollout.episode import to_record as record
 
-RECORD_KIND = "agentkiln-recorded-episode"
 
 
 class Recorder:
@@ -34,6 +34,8 @@ class Recorder:
             old = self._read(episode_id)
             rec = {"kind": RECORD_KIND, "episode_id": episode_id, **meta, **record(ep, meta.get("temperature", 1.0)),
                    "created": old.get("created", time.time()), "outcome": old.get("outcome")}
+            for r, t in zip(rec["turns"], ep.turns):
+                r["admissible"] = t.admissible
             self._write(episode_id, rec)
 
     def reward(self, episode_id: str, reward: float, won: bool | None) -> dict:

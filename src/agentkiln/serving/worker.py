@@ -21,6 +21,7 @@ from agentkiln.policy.prompt import THINK, parse_reply
 from agentkiln.rollout.agents import HFGenerator, decoding_mode
 from agentkiln.rollout.decoding import TrieCache
 from agentkiln.rollout.sequence import add_reply
+from agentkiln.collected import tokenizer_digest
 from agentkiln.serving.conversation import Conversations, RequestError
 from agentkiln.serving.recorder import Recorder
 from agentkiln.serving.source import ModelSource
@@ -54,6 +55,7 @@ class Worker:
         self.conversations = Conversations()
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self._tries: dict[int, TrieCache] = {}
+        self._digests: dict[int, str] = {}
         self.batches = 0
         self.thread = threading.Thread(target=self._loop, name="decode", daemon=True)
         self.thread.start()
@@ -131,6 +133,7 @@ class Worker:
             if self.recorder is not None:
                 self.recorder.write(episode_id, ep, {
                     "model": self.source.spec, "model_version": version, "retokenized": retok, "parent": parent,
+                    "tokenizer": self._digests.setdefault(id(policy), tokenizer_digest(policy)),
                     "temperature": job.temperature or 1.0})
             job.future.set_result({
                 "message": message, "episode_id": episode_id, "version": version, "retokenized": retok,

@@ -30,6 +30,7 @@ from agentkiln.registry.lineage import lineage_tags
 from agentkiln.registry.lock import registry_lock
 from agentkiln.registry.model_registry import champion, promote, register_candidate
 from agentkiln.registry.promotion import Guard, gate, pick_candidate
+from agentkiln.collected import split_digest
 
 LOWER_IS_BETTER = {"invalid_rate", "mean_turns"}
 TOLERANCE = 0.5 * 10 ** -DECIMALS + 1e-12  # metrics.json's numbers are rounded to DECIMALS places
@@ -139,6 +140,7 @@ def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, 
         "eval.outcomes": bits,
         "mlflow_run": run.info.run_id if run else "none",
     }
+    extra |= collected_lineage(params)
     for g in p.guards:
         if (v := guard_value(m, g)) is not None:
             extra[f"eval.{g}"] = f"{v:.4f}"
@@ -151,6 +153,15 @@ def run_promote(params: Params, root: Path, tasks_dir: Path, reports_dir: Path, 
         return result | {"promoted": False, "reason": f"{name} does not beat the random baseline: {floor.reason}",
                          "diff": floor.diff, "ci_low": floor.ci_low, "ci_high": floor.ci_high, "failed_guards": []}
     return result | challenge(p, ev, version, extra)
+
+
+def collected_lineage(params: Params) -> dict[str, str]:
+    """Lineage tags naming the collected splits (agentkiln collect) the models were trained on, with the
+    digest of each split's manifest: `lineage.collected.sft`, `lineage.collected.rl.<stage>`."""
+    splits = {"sft": params.sft.data.collected} | {f"rl.{name}": params.rl.stage(name).offline.split
+                                                  for name in params.rl.stages}
+    return {f"lineage.collected.{k}": f"{v}@{split_digest(v)}" for k, v in splits.items()
+            if v and (Path(v) / "manifest.json").is_file()}
 
 
 def beats_random(outcomes: dict, name: str, p: PromoteParams, ev: EvaluateParams):

@@ -3,7 +3,8 @@ chat model), trained on the expert's whole episodes, loss on the agent's reply t
 
 Which episodes: `sft.data` (stages.sft_data): the clean walkthroughs, recovery episodes (their injected
 mistakes are context with no loss) and alternative walkthroughs in the given weights, plus optionally
-a saved policy's own won episodes on the sft tasks.
+a saved policy's own won episodes on the sft tasks, and the won episodes of a collected split
+(`sft.data.collected`: episodes an agent harness played through `agentkiln endpoint`).
 
 A killed stage resumes after its last finished epoch (models/checkpoints/sft) when run again with the
 same params, seed, thread count, data and starting model; the checkpoint is removed once every output
@@ -20,12 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentkiln.config import Params
-from agentkiln.envs import env_class
+from agentkiln.envs import FAMILIES, env_class
 from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, lora, observation_text, save_policy
 from agentkiln.policy.model import Policy, place
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import render
 from agentkiln.schemas import load_expert_trajectories
+from agentkiln.collected import load_split, training_episodes
 from agentkiln.stages.common import expert_episodes
 from agentkiln.stages.sft_data import mixture, own_wins, same_ids, used_variants
 from agentkiln.trainers import checkpoint, distributed
@@ -71,6 +73,8 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
     if data.own_wins.policy is not None:  # played first: a missing policy stops the stage before any training
         won, player, played = own_wins(data.own_wins, Path(tasks_dir), compute, params.seed)
         counts |= {"own_wins": len(won), "own_played": played}
+    if data.collected is not None:  # read and checked first: a bad split stops the stage before any training
+        collected = load_split(data.collected, "sft.data.collected")
     if model.source == "scratch":
         # vocabulary from every training-pool text (sft + rl) of the variants in use; the test panel stays unseen
         pool = expert_episodes(df[df["variant"].isin(used_variants(data))])
@@ -83,6 +87,12 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
     episodes = render_all(policy, demos)
     if data.own_wins.policy is not None:
         episodes += won if same_ids(player, policy) else render_all(policy, won)
+    if data.collected is not None:  # rejection sampling from a harness: the won episodes the endpoint recorded
+        served, text = training_episodes(collected, policy, won_only=True)
+        text = [e for e in text if e.family in FAMILIES]  # text to render needs its family's reply budget and tools
+        episodes += served + render_all(policy, text)
+        counts |= {"collected_won": len(served) + len(text), "collected_as_served": len(served),
+                   "collected_episodes": len(collected)}
     key = ""
     if ckpt_dir:
         # the rendezvous port does not change what a run computes: a resumed run may use another one
@@ -90,7 +100,8 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         key = checkpoint.fingerprint("sft", params.sft.model_dump(), compute_key, params.seed,
                                      params.torch_threads,
                                      files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)])
-                                     + ([Path(data.own_wins.policy)] if data.own_wins.policy else []))
+                                     + ([Path(data.own_wins.policy)] if data.own_wins.policy else [])
+                                     + ([Path(data.collected)] if data.collected else []))
     if ranks:
         job = {"policy": policy, "episodes": episodes, "cfg": optim_config(params.sft), "seed": params.seed,
                "out_dir": Path(out_dir), "ckpt_dir": ckpt_dir and Path(ckpt_dir), "ckpt_key": key}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from agentkiln.rollout.episode import Episode, Turn
+from agentkiln.rollout.episode import Episode
+from agentkiln.rollout.episode import from_record as episode  # noqa: F401  (the log's readers: replay, the viewer)
+from agentkiln.rollout.episode import to_record as record
 from agentkiln.trainers.batch import Batch
 
 
@@ -45,29 +47,3 @@ def sample(episodes: list[Episode], k: int, temperature: float = 1.0) -> list[di
         if len(out) >= k:
             break
     return out
-
-
-def record(ep: Episode, temperature: float = 1.0) -> dict:
-    return {"task_id": ep.task_id, "family": ep.family, "task_type": ep.task_type, "group": ep.group, "won": ep.won,
-            "reward": ep.reward, "policy_version": ep.policy_version, "goal": ep.goal, "max_turns": ep.max_turns,
-            "temperature": temperature, "ids": list(ep.ids), "prompt_len": ep.prompt_len,
-            "windows": [list(w) for w in ep.windows], "turns": [
-                {"observation": t.observation, "reply": t.reply, "action": t.action, "reward": t.reward,
-                 "invalid": t.invalid, "tokens": t.n_tokens, "advantage": t.advantage,
-                 "behaviour_logp": round(sum(t.logprobs), 6),
-                 "trainer_logp": None if t.trainer_logp is None else round(t.trainer_logp, 6),
-                 "window": t.window, "start": t.start, "end": t.end,
-                 "logprobs": [round(x, 6) for x in t.logprobs], "allowed": t.allowed}
-                for t in ep.turns]}
-
-
-def episode(rec: dict) -> Episode:
-    """The episode a record was made from (its turns' texts, ids, spans, log-probs and advantages)."""
-    turns = [Turn(observation=t["observation"], admissible=None, anchor="", reply=t["reply"], action=t["action"],
-                  reward=t["reward"], invalid=t["invalid"], window=t["window"], start=t["start"], end=t["end"],
-                  logprobs=list(t["logprobs"]), allowed=t["allowed"], advantage=t["advantage"],
-                  trainer_logp=t["trainer_logp"]) for t in rec["turns"]]
-    return Episode(task_id=rec["task_id"], family=rec["family"], group=rec["group"], task_type=rec["task_type"],
-                   max_turns=rec["max_turns"], goal=rec["goal"], turns=turns, won=rec["won"], ids=list(rec["ids"]),
-                   prompt_len=rec["prompt_len"], windows=[list(w) for w in rec["windows"]],
-                   policy_version=rec["policy_version"])

@@ -5,7 +5,9 @@ One iteration, top to bottom:
    the rollout backend (rollout.backends: the in-process KV-cache engine, or vLLM with the weights
    synced first); each episode is one token sequence: the exact generated ids, the
    constrained-decoding masks and the behaviour log-probs. With dynamic sampling, groups whose
-   rewards do not vary are dropped and more tasks are played until the batch is full.
+   rewards do not vary are dropped and more tasks are played until the batch is full. With
+   `offline.split`, a collected split's episodes (an agent harness's, ids and log-probs as served by
+   `agentkiln endpoint`) join the batch (trainers.offline).
 2. `prepare`: one flat batch of tensors (trainers.batch); with an out-of-process rollout the trainer
    recomputes the behaviour log-probs and logs the mismatch (truncated importance sampling weights
    the advantages when `tis_cap` is set); the reference's log-probs (KL: a frozen copy, or with LoRA
@@ -57,6 +59,7 @@ from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.trainers import checkpoint, distributed, episode_log
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
+from agentkiln.trainers.offline import OfflineFeed
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
@@ -413,7 +416,7 @@ def train_rl(
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
-    flight = None
+    flight = offline = None
     if engine.main:  # the rollouts: rank 0's alone
         rollout = rollout or HFRollout(policy)
         if p.asynchronous.max_staleness and type(rollout) is HFRollout:
@@ -421,6 +424,7 @@ def train_rl(
         flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy)
         if state is not None and state.get("in_flight"):
             flight.restore(state["in_flight"])
+        offline = OfflineFeed(p.offline, policy) if p.offline.split else None
     try:
         for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total,
                        disable=engine.world > 1):
@@ -429,7 +433,7 @@ def train_rl(
             payload = None
             if engine.main:
                 payload, sample = _iteration(it, flight, policy, ref, critic, pool, tasks_dir, p, rng, seed, played,
-                                             sampler, rewards, total)
+                                             sampler, rewards, total, offline)
                 if sample:
                     logged.append((it + 1, sample))
                     if log_episodes:
@@ -463,10 +467,12 @@ def train_rl(
 
 def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, critic: Critic | None,
                pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int, played: int,
-               sampler: TaskSampler, rewards: RewardState, total: int) -> tuple[tuple, list[dict]]:
-    """Rank 0's part of iteration `it`: its episodes (from the flight, within the staleness bound),
-    their batch with advantages and the iteration's metrics row (batch, values, returns, row: what
-    every rank gets), and the sample of its episodes to log."""
+               sampler: TaskSampler, rewards: RewardState, total: int, offline: OfflineFeed | None = None
+               ) -> tuple[tuple, list[dict]]:
+    """Rank 0's part of iteration `it`: its episodes (from the flight, within the staleness bound; with
+    `offline`, a collected split's next episodes beside them), their batch with advantages and the
+    iteration's metrics row (batch, values, returns, row: what every rank gets), and the sample of its
+    episodes to log."""
     rollout = flight.rollout
     first, version = flight.take(it, last=total - 1)
     episodes, everything, info = collect(policy, pool, tasks_dir, p, rng, iteration_seed(seed, it),
@@ -483,6 +489,10 @@ def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, cr
     played += info["episodes_played"]
     batch = values = returns = None
     mismatch: dict = {}
+    extra = offline.take(it) if offline is not None else []
+    if extra:  # trained on, not observed: the sampler and reward state track the pool's tasks
+        episodes = episodes + extra
+        info = info | {"offline/episodes": len(extra), "offline/success": sum(e.won for e in extra) / len(extra)}
     if episodes:
         batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
     row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
