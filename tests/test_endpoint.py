@@ -218,11 +218,9 @@ def test_tool_calls_streaming_logprobs_and_rewards(world, tmp_path):
             assert bad.status_code == 400 and word in bad.json()["error"]["message"], body
 
 
-def test_the_endpoint_follows_the_champion_alias_without_a_restart(world, tmp_path):
-    """Pointed at models:/<name>@champion: promoting another version changes the version that answers
-    (response header), with the same server process and port."""
-    import httpx
-
+@pytest.fixture(scope="module")
+def registered(world, tmp_path_factory):
+    """A registry (SQLite store) holding two versions: the world policy (1) and another one (2)."""
     from agentkiln import tracking
     from agentkiln.policy import save_policy
     from agentkiln.registry import model_registry as mr
@@ -230,36 +228,101 @@ def test_the_endpoint_follows_the_champion_alias_without_a_restart(world, tmp_pa
     from tests.test_tracking_registry import _isolated_mlflow_env
 
     tasks, out, model = world
-    other = save_policy(scratch_policy(tasks, out, seed=7), tmp_path / "other")
+    tmp = tmp_path_factory.mktemp("registry")
+    other = save_policy(scratch_policy(tasks, out, seed=7), tmp / "other")
     name = "agentkiln-endpoint-test"
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
     with _isolated_mlflow_env(), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-        mp.chdir(tmp_path)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.chdir(tmp)
         tracking._setup_state = None
         tracking.setup()
         with tracking.stage_run("promote"):
-            v1 = mr.register_candidate(model, name, {"candidate": "sft"}, {"success": 0.5})
-            v2 = mr.register_candidate(other, name, {"candidate": "rl"}, {"success": 0.6})
-        mr.promote(name, v1)
-        body = {"messages": [{"role": "user", "content": "go"}], "temperature": 0, "admissible": ["left", "right"]}
-        with Served(f"models:/{name}@champion", poll=0.2) as srv:
-            first = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
-            assert first.headers["x-agentkiln-model-version"] == v1 == "1"
-            assert srv.client().models.list().data[0].id == name
-            mr.promote(name, v2)
-            deadline, seen = time.time() + 60, v1
-            while seen != v2:
-                assert time.time() < deadline, "the endpoint still serves the old champion"
-                time.sleep(0.2)
-                r = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
-                seen = r.headers["x-agentkiln-model-version"]
-            assert r.json()["agentkiln"]["model_version"] == v2
-            mr.rollback(name)
-            deadline = time.time() + 60
-            while httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60).headers[
-                    "x-agentkiln-model-version"] != v1:
-                assert time.time() < deadline, "the endpoint did not follow the rollback"
-                time.sleep(0.2)
+            versions = (mr.register_candidate(model, name, {"candidate": "sft"}, {"success": 0.5}),
+                        mr.register_candidate(other, name, {"candidate": "rl"}, {"success": 0.6}))
+        yield name, versions, uri, tmp
+
+
+def test_the_endpoint_follows_the_champion_alias_without_a_restart(registered):
+    """Pointed at models:/<name>@champion: promoting another version changes the version that answers
+    (response header), with the same server process and port; so does a rollback."""
+    import httpx
+
+    from agentkiln.registry import model_registry as mr
+
+    name, (v1, v2), _, _ = registered
+    mr.promote(name, v1)
+    body = {"messages": [{"role": "user", "content": "go"}], "temperature": 0, "admissible": ["left", "right"]}
+    with Served(f"models:/{name}@champion", poll=0.2) as srv:
+        first = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
+        assert first.headers["x-agentkiln-model-version"] == v1 == "1"
+        assert srv.client().models.list().data[0].id == name
+        mr.promote(name, v2)
+        deadline, seen = time.time() + 60, v1
+        while seen != v2:
+            assert time.time() < deadline, "the endpoint still serves the old champion"
+            time.sleep(0.2)
+            r = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
+            seen = r.headers["x-agentkiln-model-version"]
+        assert r.json()["agentkiln"]["model_version"] == v2
+        mr.rollback(name)
+        deadline = time.time() + 60
+        while httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60).headers[
+                "x-agentkiln-model-version"] != v1:
+            assert time.time() < deadline, "the endpoint did not follow the rollback"
+            time.sleep(0.2)
+
+
+def test_mlflow_models_serve_answers_a_chat_request_as_the_agent(registered, world):
+    """The registered model's pyfunc is the agent: `mlflow models serve` of the champion answers an
+    OpenAI chat request in the policy's format, constrained to the admissible actions, with the reply
+    the endpoint gives to the same request."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    import mlflow
+
+    from agentkiln.registry import model_registry as mr
+
+    name, (v1, _), uri, tmp = registered
+    _, _, model = world
+    mr.promote(name, v1)
+    actions = ["left", "down", "right", "up"]
+    body = {"messages": [{"role": "user", "content": "Reach the goal without falling into a hole.\nS F F\nF H F\nF F G"}],
+            "temperature": 0, "admissible": actions}
+    loaded = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    assert loaded.metadata.flavors["python_function"]["loader_module"] == "agentkiln.serving.pyfunc"
+    direct = loaded.predict(body)
+    assert direct["choices"][0]["message"]["content"] in actions
+    with Served(str(model)) as srv:  # the endpoint gives the same reply, from the same ids
+        same = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60).json()
+    assert same["choices"][0]["message"] == direct["choices"][0]["message"]
+    assert same["choices"][0]["token_ids"] == direct["choices"][0]["token_ids"]
+    port = free_port()
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", f"models:/{name}@champion",
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], cwd=tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.time() < deadline, "mlflow models serve did not start"
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/invocations", json=body, timeout=60)
+                break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        assert r.status_code == 200, r.text
+        served = r.json()
+        served = served.get("predictions", served)
+        assert served["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
 
 
 def test_recorded_episodes_collect_into_a_split_that_sft_and_rl_train_on(world, tmp_path):

@@ -1,10 +1,12 @@
 """The MLflow model registry side of promotion: a training run logs its policy (log_policy); promotion
 registers that run's model as a new version tagged with its lineage, moves the `challenger` / `champion` / `previous` aliases.
 
-A logged policy is MLflow's transformers flavour (a text-generation pipeline) plus the policy's own
-files (agent.json, the manifest) under `agentkiln/`. Serving:
-`mlflow.pyfunc.load_model("models:/<name>@champion").predict(["prompt", ...], params={"max_new_tokens": 8})`;
-agentkiln itself loads the policy directory again (download_policy), checked by its manifest.
+A logged policy is MLflow's transformers flavour (weights + tokenizer, raw text generation through
+mlflow.transformers.load_model) plus the policy's own files (agent.json, the manifest) under
+`agentkiln/`, and its python_function flavour is the agent (agentkiln.serving.pyfunc): `mlflow models
+serve -m models:/<name>@champion --env-manager local` answers an OpenAI chat request in the policy's
+chat template, agent format and decoding, as `agentkiln endpoint` does. agentkiln itself loads the
+policy directory again (download_policy), checked by its manifest.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ DESCRIPTION = (
 MAX_TAG_VALUE = 5000
 MODEL_DIGEST_TAG = "agentkiln.model_digest"  # on a training run: the digest of the policy it saved
 MODEL_URI_TAG = "agentkiln.model_uri"  # ... and the URI of its logged model
+PYFUNC_LOADER = "agentkiln.serving.pyfunc"  # the logged model's python_function flavour: the agent, not raw text
 POLICY_FILES = "agentkiln"  # in a logged model: the policy directory's files, less its weights
 WEIGHTS_SUFFIX = ".safetensors"  # the policy's weight files: the transformers flavour holds those
 
@@ -120,7 +123,26 @@ def _log_transformers(model_dir: Path):
     with tempfile.TemporaryDirectory(prefix="agentkiln-policy-files-") as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(f"*{WEIGHTS_SUFFIX}"))
         _client().log_model_artifacts(info.model_id, tmp, POLICY_FILES)
+    with tempfile.TemporaryDirectory(prefix="agentkiln-mlmodel-") as tmp:
+        _client().log_model_artifacts(info.model_id, _agent_pyfunc(info.model_uri, Path(tmp)), None)
     return info
+
+
+def _agent_pyfunc(model_uri: str, tmp: Path) -> Path:
+    """The logged model's MLmodel with its python_function flavour turned into the agent's
+    (agentkiln.serving.pyfunc: chat requests in the policy's template, agent format and decoding, as
+    `agentkiln endpoint` answers them); the transformers flavour stays for raw text generation
+    (mlflow.transformers.load_model). No signature: the input is an OpenAI chat request."""
+    from mlflow.models import Model
+
+    model = Model.load(model_uri)
+    conf = model.flavors["python_function"]
+    model.flavors["python_function"] = {"loader_module": PYFUNC_LOADER, "env": conf.get("env"),
+                                        "python_version": conf.get("python_version")}
+    model.signature = None
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save(tmp / "MLmodel")
+    return tmp
 
 
 def log_policy(model_dir: Path) -> str | None:
@@ -270,16 +292,22 @@ def download_policy(uri: str, dst: str | Path | None = None) -> Path:
     `models:/<name>/<version>`), downloaded from the registry's artifact store and put back together:
     the flavour's weights (model/) + the policy's other files (POLICY_FILES/). The caller's
     load_policy checks the result against the policy's manifest."""
-    import yaml
-
     dst = Path(dst or tempfile.mkdtemp(prefix="agentkiln-model-"))
     try:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst / "logged")))
     except MlflowException as e:
         raise FileNotFoundError(f"{uri}: not found in the registry at {mlflow.get_tracking_uri()} ({e.message})") from e
-    flavors = yaml.safe_load((local / "MLmodel").read_text()).get("flavors") or {}
+    return assemble_policy(local, dst / "policy", uri)
+
+
+def assemble_policy(local: Path, dst: Path, what: str) -> Path:
+    """The policy directory of a downloaded logged model (`local`: its root, with MLmodel), put together
+    at `dst` (or found inside `local`, for a version logged by an earlier agentkiln)."""
+    import yaml
+
+    flavors = yaml.safe_load((Path(local) / "MLmodel").read_text()).get("flavors") or {}
     if "transformers" in flavors and (local / POLICY_FILES).is_dir():
-        policy = dst / "policy"
+        policy = Path(dst)
         shutil.copytree(local / POLICY_FILES, policy)
         weights = local / flavors["transformers"].get("model_binary", "model")
         for f in sorted(weights.glob(f"*{WEIGHTS_SUFFIX}")):
@@ -288,10 +316,10 @@ def download_policy(uri: str, dst: str | Path | None = None) -> Path:
         try:
             policy = local / flavors["python_function"]["artifacts"]["policy"]["path"]
         except (KeyError, TypeError):
-            raise FileNotFoundError(f"{uri}: not an agentkiln policy model (no {POLICY_FILES}/ beside a "
+            raise FileNotFoundError(f"{what}: not an agentkiln policy model (no {POLICY_FILES}/ beside a "
                                     "transformers flavour, no `policy` artifact)") from None
     if not (policy / "config.json").is_file():
-        raise FileNotFoundError(f"{uri}: the downloaded model has no policy directory at {policy}")
+        raise FileNotFoundError(f"{what}: the downloaded model has no policy directory at {policy}")
     return policy
 
 

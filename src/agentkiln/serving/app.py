@@ -127,17 +127,17 @@ def create_app(worker: Worker, default_budget: int = DEFAULT_REPLY_TOKENS) -> Fa
             out = await asyncio.wrap_future(worker.submit(job))
         except RequestError as e:
             return _error(400, str(e), e.code)
-        completion = _completion(out, source.served_name, bool(body.get("logprobs")))
+        answer = completion(out, source.served_name, bool(body.get("logprobs")))
         headers = {"x-agentkiln-model-version": out["version"], "x-agentkiln-episode": out["episode_id"]}
         if not body.get("stream"):
-            return JSONResponse(completion, headers=headers)
+            return JSONResponse(answer, headers=headers)
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_events(completion, usage), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(_events(answer, usage), media_type="text/event-stream", headers=headers)
 
     return app
 
 
-def _completion(out: dict, model: str, logprobs: bool) -> dict:
+def completion(out: dict, model: str, logprobs: bool) -> dict:
     choice = {"index": 0, "message": out["message"], "finish_reason": out["finish_reason"],
               "logprobs": None, "token_ids": out["ids"]}
     if logprobs:
