@@ -178,3 +178,25 @@ def test_chromium_override_and_model_urls(monkeypatch):
     with pytest.raises(ui.ChromiumNotFound, match="apt-get install chromium"):
         ui.screenshot("http://127.0.0.1:1/", Path("/nonexistent/x.png"))
     assert ui.model_url("http://h:1/", "a b", 3) == "http://h:1/#/models/a%20b/versions/3"
+
+
+def test_root_url_and_experiment_links_open_model_training(server):
+    """The server agentkiln starts (registry.mlflow_app): its root URL, and a link into the UI, load MLflow
+    in its model-training view (MLflow 3's default is GenAI: traces and evaluations, empty here), the
+    link's own route kept."""
+    import urllib.request
+
+    base = server["base"]
+    landing = urllib.request.urlopen(base + "/", timeout=30).read().decode()
+    assert "workflowType=machine_learning" in landing and "location.replace" in landing
+    ui_page = urllib.request.urlopen(base + "/?view=training", timeout=30).read().decode()
+    assert "<div id=\"root\"" in ui_page or "static-files" in ui_page  # MLflow's own index.html
+    assert urllib.request.urlopen(base + "/health", timeout=30).read() == b"OK"  # the rest is MLflow's
+    try:
+        ui.find_chromium()
+    except ui.ChromiumNotFound:
+        pytest.skip("chromium not installed: apt-get install chromium")
+    for url, page in ((base + "/", "Experiments"), (f"{base}/#/models/{NAME}", "Version 2")):  # the link's own page
+        dom = ui.dump_dom(url).replace("&nbsp;", " ")
+        assert "Model registry" in dom and "MCP registry" not in dom, url  # the training sidebar, not GenAI's
+        assert page in dom, url

@@ -137,6 +137,7 @@ class MlflowServer:
             "--host", host,
             "--port", str(self.port),
             "--workers", "1",
+            "--app-name", "agentkiln",  # MLflow's app, its root URL in the model-training view (registry.mlflow_app)
         ]
         env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
         log_fd, log_name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
