@@ -383,3 +383,51 @@ def test_recorded_episodes_collect_into_a_split_that_sft_and_rl_train_on(world, 
     (split / "episodes.jsonl").write_text((split / "episodes.jsonl").read_text().replace('"won": true', '"won": false'))
     with pytest.raises(Exception, match="episodes.jsonl"):  # a tampered split is refused by name
         load_split(split, "sft.data.collected")
+
+
+def test_the_endpoint_command_serves_until_sigterm_and_refuses_bad_input(world, tmp_path):
+    """`agentkiln endpoint` as a user runs it: says where it serves, answers, stops on SIGTERM saying where
+    the recorded episodes are (port freed, nothing left running); a missing model or a taken port is
+    refused at once, by name."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    _, _, model = world
+    script = str(Path(sys.executable).parent / "agentkiln")
+    bad = subprocess.run([script, "endpoint", "--model", str(tmp_path / "nope")], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "no such file or directory" in bad.stderr, bad.stderr
+    port = free_port()
+    proc = subprocess.Popen([script, "endpoint", "--model", str(model), "--port", str(port), "--record",
+                             str(tmp_path / "rec"), "--threads", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert f"at http://127.0.0.1:{port}/v1" in first and "recording episodes" in first, first
+        deadline = time.time() + 60
+        while True:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                               json={"messages": [{"role": "user", "content": "go"}], "admissible": ["left", "up"]})
+                break
+            except httpx.TransportError:
+                assert time.time() < deadline and proc.poll() is None, "the endpoint did not answer"
+                time.sleep(0.2)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in ("left", "up")
+        taken = subprocess.run([script, "endpoint", "--model", str(model), "--port", str(port)], capture_output=True,
+                               text=True, timeout=60, cwd=tmp_path)
+        assert taken.returncode == 2 and f"port {port}" in taken.stderr and "taken" in taken.stderr
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0 and "endpoint stopped" in rest and str(tmp_path / "rec") in rest, rest
+        assert list((tmp_path / "rec").glob("ep-*.json"))
+        from agentkiln.registry.ui import port_taken
+
+        assert not port_taken(port)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)

@@ -28,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentkiln import lifecycle
 from agentkiln.serving.conversation import RequestError
 from agentkiln.serving.recorder import Recorder
 from agentkiln.serving.source import ModelSource
@@ -186,9 +187,14 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, record: str | No
         + (f", following its alias every {poll:g} s" if follower else "")
         + (f"; recording episodes to {record}" if record else ""))
     out(f"try: curl http://{host}:{port}/v1/models   (docs/serving.md: the harness loop with the openai client)")
+    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then raises the signal again for the handler it
+    # found: ours (lifecycle) turns it into Terminated, so the cleanup below runs and the command ends 0
+    lifecycle.handle_signals()
     try:
         uvicorn.Server(uvicorn.Config(create_app(worker, max_tokens), host=host, port=port, log_level="warning",
                                       access_log=False)).run()
+    except lifecycle.Terminated as e:
+        out(f"{e}: requests in progress were answered")
     finally:
         source.stop()
         worker.stop()
