@@ -326,3 +326,36 @@ def test_rl_on_deepspeed_ranks_plays_on_vllm_and_follows_the_single_process(vllm
     assert {k: got[0][k] for k in rollout_keys} == {k: want[0][k] for k in rollout_keys}
     assert abs(got[0]["pg_loss"] - want[0]["pg_loss"]) < 1e-5
     assert (tmp_path / "model" / "config.json").is_file()
+
+
+def test_the_endpoint_decodes_with_vllm_as_with_the_in_process_engine(rollout, trained, lake_pool, tmp_path):
+    """`agentkiln endpoint --backend vllm`: the same whole episodes (ids, actions, outcomes) through the
+    endpoint's decoding loop on the module's vLLM engine as on the in-process engine (the engine gets the
+    served policy's weights when it is not the one it holds)."""
+    from agentkiln.envs import make
+    from agentkiln.policy import save_policy
+    from agentkiln.serving.source import ModelSource
+    from agentkiln.serving.worker import Job, VLLMGenerators, Worker
+
+    tasks, tasks_dir = lake_pool
+    source = ModelSource(str(save_policy(trained, tmp_path / "p")), log=lambda *_: None)
+    served = []
+    for worker in (Worker(source), Worker(source, generators=VLLMGenerators(trained, rollout=rollout))):
+        runs = []
+        for task in tasks[:3]:
+            env = make(task, tasks_dir)
+            obs = env.reset()
+            messages = [{"role": "user", "content": f"{env.goal}\n{obs.text}"}]
+            while True:
+                out = worker.submit(Job(messages, 16, temperature=0, admissible=obs.admissible)).result(timeout=300)
+                messages.append(out["message"])
+                res = env.step(out["action"])
+                if res.done or len(messages) > 12:
+                    runs.append((out["prompt_ids"] + out["ids"], bool(res.info["won"])))
+                    break
+                obs = res.observation
+                messages.append({"role": "user", "content": obs.text})
+        worker.stop()
+        served.append(runs)
+    rollout.sync(trained)  # the module's engine goes back to the fixture's policy object
+    assert served[0] == served[1]

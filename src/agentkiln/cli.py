@@ -267,6 +267,8 @@ def endpoint(
     max_batch: Annotated[int, typer.Option(help="requests decoded together at most")] = 16,
     max_tokens: Annotated[int, typer.Option(help="reply budget of a request that sets no max_tokens")] = 64,
     threads: Annotated[Optional[int], typer.Option(help="torch threads (default: torch's)")] = None,
+    backend: Annotated[str, typer.Option(help="hf (the in-process engine, CPU or GPU) or vllm (a vLLM engine: "
+                                         "bash scripts/install_vllm.sh)")] = "hf",
 ) -> None:
     """Serve a policy behind an OpenAI-compatible API (/v1/models, /v1/chat/completions with tools and
     streaming): its chat template, agent format and constrained decoding, token ids and log-probs returned.
@@ -278,6 +280,8 @@ def endpoint(
         fail(f"--port {port}: expected 1-65535")
     if poll <= 0 or max_batch < 1 or max_tokens < 1:
         fail("--poll, --max-batch and --max-tokens must be positive")
+    if backend not in ("hf", "vllm"):
+        fail(f"--backend {backend}: expected hf or vllm")
     if model in ("sft", "rl", "distilled"):  # the pipeline's models, where params.yaml puts them
         from agentkiln.paths import model_dirs
 
@@ -294,8 +298,8 @@ def endpoint(
 
     try:
         serve_endpoint(model, host, port, str(record) if record else None, poll, max_batch, threads, max_tokens,
-                       out=typer.echo)
-    except (FileNotFoundError, ValueError) as e:
+                       backend, out=typer.echo)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
         fail(str(e), 1)
 
 

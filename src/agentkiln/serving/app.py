@@ -32,7 +32,7 @@ from agentkiln import lifecycle
 from agentkiln.serving.conversation import RequestError
 from agentkiln.serving.recorder import Recorder
 from agentkiln.serving.source import ModelSource
-from agentkiln.serving.worker import Job, Worker
+from agentkiln.serving.worker import Job, VLLMGenerators, Worker
 
 DEFAULT_REPLY_TOKENS = 64
 
@@ -176,14 +176,17 @@ async def _events(c: dict, usage: bool):
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, record: str | None = None, poll: float = 10.0,
-          max_batch: int = 16, threads: int | None = None, max_tokens: int = DEFAULT_REPLY_TOKENS, out=print) -> None:
-    """Load the policy, start the decoding thread (and the alias follower), serve until SIGINT / SIGTERM."""
+          max_batch: int = 16, threads: int | None = None, max_tokens: int = DEFAULT_REPLY_TOKENS,
+          backend: str = "hf", out=print) -> None:
+    """Load the policy, start the decoding thread (and the alias follower), serve until SIGINT / SIGTERM.
+    `backend`: hf (the in-process engine) or vllm (a vLLM engine in its own process: scripts/install_vllm.sh)."""
     if threads:
         torch.set_num_threads(threads)
     source = ModelSource(spec, poll=poll, log=out)
-    worker = Worker(source, Recorder(record) if record else None, max_batch=max_batch)
+    generators = VLLMGenerators(source.policy) if backend == "vllm" else None
+    worker = Worker(source, Recorder(record) if record else None, max_batch=max_batch, generators=generators)
     follower = source.follow()
-    out(f"serving {spec} (version {source.version}) at http://{host}:{port}/v1"
+    out(f"serving {spec} (version {source.version}, {backend}) at http://{host}:{port}/v1"
         + (f", following its alias every {poll:g} s" if follower else "")
         + (f"; recording episodes to {record}" if record else ""))
     out(f"try: curl http://{host}:{port}/v1/models   (docs/serving.md: the harness loop with the openai client)")
@@ -198,4 +201,6 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, record: str | No
     finally:
         source.stop()
         worker.stop()
+        if generators is not None:
+            generators.close()
         out("endpoint stopped" + (f"; recorded episodes are in {record} (agentkiln collect {record} ...)" if record else ""))

@@ -14,13 +14,16 @@ import json
 import queue
 import threading
 from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agentkiln.config import VLLMParams
 from agentkiln.envs.base import tool_call
 from agentkiln.policy.prompt import THINK, parse_reply
 from agentkiln.rollout.agents import HFGenerator, decoding_mode
 from agentkiln.rollout.decoding import TrieCache
 from agentkiln.rollout.sequence import add_reply
+from agentkiln.rollout.vllm_backend import VLLMGenerator, VLLMRollout
 from agentkiln.collected import tokenizer_digest
 from agentkiln.serving.conversation import Conversations, RequestError
 from agentkiln.serving.recorder import Recorder
@@ -49,8 +52,9 @@ class Job:
 
 class Worker:
     def __init__(self, source: ModelSource, recorder: Recorder | None = None, max_batch: int = 16,
-                 wait: float = 0.005, seed: int = 0):
+                 wait: float = 0.005, seed: int = 0, generators: Callable | None = None):
         self.source, self.recorder = source, recorder
+        self.generators = generators or HFGenerator  # (policy, temperature, greedy, seed) -> rollout.agents.Generator
         self.max_batch, self.wait, self.seed = max_batch, wait, seed
         self.conversations = Conversations()
         self.queue: queue.Queue[Job | None] = queue.Queue()
@@ -116,8 +120,8 @@ class Worker:
             return
         first = live[0][0]
         greedy = first.temperature == 0
-        gen = HFGenerator(policy, first.temperature if not greedy else 1.0, greedy,
-                          first.seed if first.seed is not None else self.seed)
+        gen = self.generators(policy, first.temperature if not greedy else 1.0, greedy,
+                              first.seed if first.seed is not None else self.seed)
         gen.begin(len(live))
         eps = [ep for _, _, ep, *_ in live]
         replies = gen.replies(eps, list(range(len(live))), [t for *_, t in live], [j.budget for j, *_ in live])
@@ -141,6 +145,25 @@ class Worker:
                 "action": turn.action, "reply": text,
                 "finish_reason": "tool_calls" if message.get("tool_calls") else ("stop" if ended else "length"),
                 "tokens": [policy.tokenizer.decode([i]) for i in ids]})
+
+
+class VLLMGenerators:
+    """vLLM as the endpoint's generator (`agentkiln endpoint --backend vllm`): one engine in its own
+    environment and process (rollout.vllm_backend), the served version's weights pushed to it when the
+    version changes; replies are decoded as vLLM rollouts are (rollout.vllm_backend.VLLMGenerator)."""
+
+    def __init__(self, policy, params=None, rollout=None):
+        self.policy = policy
+        self.rollout = rollout or VLLMRollout(policy, params or VLLMParams(), policy.device, seed=0)
+
+    def __call__(self, policy, temperature: float, greedy: bool, seed: int):
+        if policy is not self.policy:  # a new version is served: its weights go to the engine
+            self.rollout.sync(policy)
+            self.policy = policy
+        return VLLMGenerator(self.rollout, policy, temperature, greedy, seed)
+
+    def close(self) -> None:
+        self.rollout.close()
 
 
 def assistant_message(reply: str, action: str, tools: list[dict] | None) -> dict:
