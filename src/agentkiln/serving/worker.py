@@ -58,8 +58,8 @@ class Worker:
         self.max_batch, self.wait, self.seed = max_batch, wait, seed
         self.conversations = Conversations()
         self.queue: queue.Queue[Job | None] = queue.Queue()
-        self._tries: dict[int, TrieCache] = {}
-        self._digests: dict[int, str] = {}
+        self._tries: dict[str, TrieCache] = {}
+        self._digests: dict[str, str] = {}
         self.batches = 0
         self.thread = threading.Thread(target=self._loop, name="decode", daemon=True)
         self.thread.start()
@@ -102,7 +102,9 @@ class Worker:
             self.batches += 1
 
     def _decode(self, jobs: list[Job], version: str, policy) -> None:
-        tries = self._tries.setdefault(id(policy), TrieCache(policy))
+        if version not in self._tries:  # per served version (a swapped-in policy has its own tokenizer)
+            self._tries[version], self._digests[version] = TrieCache(policy), tokenizer_digest(policy)
+        tries = self._tries[version]
         live = []
         for job in jobs:
             tools = job.tools if policy.fmt.native_tools else None
@@ -137,7 +139,7 @@ class Worker:
             if self.recorder is not None:
                 self.recorder.write(episode_id, ep, {
                     "model": self.source.spec, "model_version": version, "retokenized": retok, "parent": parent,
-                    "tokenizer": self._digests.setdefault(id(policy), tokenizer_digest(policy)),
+                    "tokenizer": self._digests[version],
                     "temperature": job.temperature or 1.0})
             job.future.set_result({
                 "message": message, "episode_id": episode_id, "version": version, "retokenized": retok,
