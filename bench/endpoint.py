@@ -24,10 +24,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import openai
 
 from agentkiln import paths
@@ -40,6 +42,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def episode(client, task, tasks_dir) -> dict:
@@ -109,12 +118,16 @@ def main() -> None:
         sys.exit(f"bench/endpoint.py: no policy at {args.model or 'models/rl or models/sft'}: run `dvc repro` first")
     tasks = load_panel(paths.TASKS, "test")[: args.episodes]
     port = free_port()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "agentkiln"), "endpoint", "--model", str(model),
-                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = Path(tempfile.mkdtemp(prefix="bench-endpoint-")) / "endpoint.log"
+    with open(log, "w") as f:  # a file, not a pipe nobody reads: the server never blocks on its output
+        server = subprocess.Popen([str(Path(sys.executable).parent / "agentkiln"), "endpoint", "--model", str(model),
+                                   "--port", str(port)], stdout=f, stderr=subprocess.STDOUT)
     try:
-        line = server.stdout.readline()
-        if "serving" not in line:
-            sys.exit(f"the endpoint did not start: {line}{server.stdout.read()}")
+        deadline = time.time() + 300
+        while not healthy(port):
+            if server.poll() is not None or time.time() > deadline:
+                sys.exit(f"the endpoint did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
         url = f"http://127.0.0.1:{port}/v1"
         level(url, tasks[:2], paths.TASKS, 1)  # warm-up: first requests pay for lazy initialisation
         results = []
