@@ -188,6 +188,33 @@ def test_mlflow_ui_shows_training_runs_models_inputs_and_lineage(repo, store, tm
             shutil.copyfile(png, ROOT / "docs" / "images" / name)
 
 
+# written by the pipeline and not DVC outputs, on purpose: promotion's decision (the promote flow runs after
+# `dvc repro`, against the registry), and Great Expectations' data docs (HTML whose file names and pages carry
+# the validation's time: as an output they would change dvc.lock on every identical run)
+NOT_STAGE_OUTPUTS = ("reports/promotion.json", "reports/data_docs/")
+
+
+def test_every_file_the_stages_write_is_a_declared_output_and_every_output_exists(repo):
+    """dvc.yaml, the flows and the stages agree on where outputs go: a file a stage writes that dvc.yaml
+    does not declare would be neither versioned nor cached (and a rerun would not restore it); a declared
+    output nobody writes fails `dvc repro`. Checked on the files the pipeline left under data/, models/
+    and reports/ against every stage's outs in dvc.lock."""
+    from agentkiln.cli import dvc_stages
+
+    dst, _, _ = repo
+    lock = yaml.safe_load((dst / "dvc.lock").read_text())["stages"]
+    # the stages of this dvc.yaml and params (dvc.lock may keep entries of foreach items that no longer exist)
+    declared = [o["path"].rstrip("/") for name in dvc_stages(dst) for o in lock[name].get("outs", [])]
+    for path in declared:
+        assert (dst / path).exists(), f"dvc.yaml declares {path}, which the pipeline did not write"
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=dst, capture_output=True, text=True, check=True).stdout.split())
+    written = [f.relative_to(dst).as_posix() for top in ("data", "models", "reports") for f in (dst / top).rglob("*")
+               if f.is_file() and f.name != ".gitignore"]  # DVC's own, beside the outputs
+    stray = [f for f in written if f not in tracked and not f.startswith(NOT_STAGE_OUTPUTS)
+             and not any(f == d or f.startswith(d + "/") for d in declared)]
+    assert not stray, f"written by the pipeline but no stage's output in dvc.yaml: {stray}"
+
+
 def test_pipeline_writes_metrics_for_every_policy(repo):
     dst, _, _ = repo
     metrics = json.loads((dst / "reports/metrics.json").read_text())
