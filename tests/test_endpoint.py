@@ -296,6 +296,7 @@ def test_mlflow_models_serve_answers_a_chat_request_as_the_agent(registered, wor
     loaded = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert loaded.metadata.flavors["python_function"]["loader_module"] == "agentkiln.serving.pyfunc"
     direct = loaded.predict(body)
+    loaded._model_impl.close()  # its decoding thread (torch ops off the main thread) would outlive the test
     assert direct["choices"][0]["message"]["content"] in actions
     with Served(str(model)) as srv:  # the endpoint gives the same reply, from the same ids
         same = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60).json()

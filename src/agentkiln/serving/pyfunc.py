@@ -24,6 +24,10 @@ class AgentModel:
         self.source = ModelSource(str(policy_dir), log=lambda *_: None)
         self.worker = Worker(self.source)
 
+    def close(self) -> None:
+        """Stop the decoding thread (a served model lives as long as its process; a test's does not)."""
+        self.worker.stop()
+
     def predict(self, model_input, params: dict | None = None):
         single = not isinstance(model_input, list)
         requests = [_request(r) | (params or {}) for r in ([model_input] if single else model_input)]
