@@ -6,6 +6,7 @@ import argparse
 from prefect import flow
 
 from agentkiln import paths, tracking
+from agentkiln.collected import split_digest
 from agentkiln.config import Params
 from agentkiln.registry.model_registry import log_policy
 from agentkiln.stages.rl import stage_dirs
@@ -25,7 +26,8 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
             tracking.log_artifact(dirs["reports_dir"] / "trajectories.html")
             write_json(dirs["reports_dir"] / "metrics.json", metrics)
             tracking.log_split(paths.TASKS / "rl")
-            tracking.log_collected(params.rl.stage(name).offline.split)
+            if offline := params.rl.stage(name).offline.split:
+                tracking.log_collected(offline, split_digest(offline))
             log_policy(dirs["out_dir"])
             publish(f"rl-{name}", metrics)
 

@@ -3,6 +3,7 @@
 from prefect import flow
 
 from agentkiln import paths, tracking
+from agentkiln.collected import split_digest
 from agentkiln.config import Params
 from agentkiln.registry.model_registry import log_policy
 from flows._stage import needs, publish, run_flow, stage_context, write_json
@@ -15,7 +16,8 @@ def sft_flow(params: Params) -> dict:
         tracking.log_metrics(metrics)
         write_json(paths.REPORTS / "sft_metrics.json", metrics)
         tracking.log_split(paths.TASKS / "sft")
-        tracking.log_collected(params.sft.data.collected)
+        if collected := params.sft.data.collected:
+            tracking.log_collected(collected, split_digest(collected))
         log_policy(paths.SFT_MODEL)
         publish("sft", metrics)
 

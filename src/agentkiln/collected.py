@@ -42,16 +42,22 @@ def tokenizer_digest(policy) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+def _spans_ok(rec: dict) -> bool:
+    """Every reply's span lies inside the ids with one log-prob per token, or none for a turn re-tokenised
+    from text (a retokenized episode's history); the last reply was served, so it has them all."""
+    n = len(rec["ids"])
+    turns = rec["turns"]
+    inside = all(0 <= t["start"] <= t["end"] <= n and len(t["logprobs"]) in (0, t["end"] - t["start"]) for t in turns)
+    return inside and len(turns[-1]["logprobs"]) == turns[-1]["end"] - turns[-1]["start"]
+
+
 def _row(rec: dict) -> dict:
     outcome = rec.get("outcome") or {}
-    # a turn re-tokenised from text (retokenized episodes) has no log-probs; a served one has one per token
-    spans = all(0 <= t["start"] <= t["end"] <= len(rec["ids"]) and len(t["logprobs"]) in (0, t["end"] - t["start"])
-                for t in rec["turns"]) and len(rec["turns"][-1]["logprobs"]) == rec["turns"][-1]["end"] - rec["turns"][-1]["start"]
     return {"episode_id": rec["episode_id"], "task_id": rec["task_id"], "family": rec["family"],
             "model": rec["model"], "model_version": str(rec["model_version"]), "tokenizer": rec["tokenizer"],
             "turns": len(rec["turns"]), "n_ids": len(rec["ids"]), "rewarded": bool(outcome),
             "reward": outcome.get("reward"), "won": outcome.get("won"), "retokenized": bool(rec["retokenized"]),
-            "spans_ok": spans}
+            "spans_ok": _spans_ok(rec)}
 
 
 def table(records: list[dict], source: str) -> pd.DataFrame:

@@ -8,7 +8,6 @@ unless MLFLOW_TRACKING_URI says otherwise (AGENTKILN_MLFLOW_DIR moves the defaul
 
 from __future__ import annotations
 
-import hashlib
 import json
 import numbers
 import os
@@ -256,14 +255,12 @@ def log_split(split_dir: str | Path, context: str = "training") -> None:
     _log_input(split_dir, f"tasks/{split_dir.name}", manifest["sha256"][:16], context)
 
 
-def log_collected(split_dir: str | Path | None, context: str = "training") -> None:
+def log_collected(split_dir: str | Path, digest: str, context: str = "training") -> None:
     """Record a collected split (agentkiln collect) the active run trained on as a dataset input named
-    `collected/<name>`, its digest the sha256 of its manifest (what the registry's lineage tag names)."""
-    if split_dir is None or mlflow.active_run() is None:
+    `collected/<name>`, with its digest (collected.split_digest: what the registry's lineage tag names)."""
+    if mlflow.active_run() is None:
         return
-    split_dir = Path(split_dir)
-    digest = hashlib.sha256((split_dir / "manifest.json").read_bytes()).hexdigest()[:16]
-    _log_input(split_dir, f"collected/{split_dir.name}", digest, context)
+    _log_input(Path(split_dir), f"collected/{Path(split_dir).name}", digest, context)
 
 
 def _log_input(split_dir: Path, name: str, digest: str, context: str) -> None:

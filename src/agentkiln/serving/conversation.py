@@ -137,11 +137,12 @@ class Conversations:
         history = [m for m in messages if m.get("role") != "system"]
         last = max((i for i, m in enumerate(history) if m["role"] == "assistant"), default=-1)
         retok, parent = False, None
-        saved = self.saved.get(digest(history[: last + 1])) if last >= 0 else None
+        key = digest(history[: last + 1]) if last >= 0 else None
+        saved = self.saved.get(key) if key else None
         if last < 0:
             episode_id, ep = new_id(), Episode("endpoint", "", 0)
         elif saved is not None and saved.version == version:
-            self.saved.move_to_end(digest(history[: last + 1]))
+            self.saved.move_to_end(key)
             ep = copy.deepcopy(saved.episode)
             episode_id = saved.episode_id
             if self.heads.get(episode_id, saved.turns) != saved.turns:  # an earlier turn replayed: a new branch

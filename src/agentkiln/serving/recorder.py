@@ -25,15 +25,16 @@ class Recorder:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._kept: dict[str, dict] = {}  # episode id -> what a rewrite keeps: created, outcome (no re-read per turn)
 
     def path(self, episode_id: str) -> Path:
         return self.root / f"{episode_id}.json"
 
     def write(self, episode_id: str, ep: Episode, meta: dict) -> None:
         with self._lock:
-            old = self._read(episode_id)
+            kept = self._kept.setdefault(episode_id, {"created": time.time(), "outcome": None})
             rec = {"kind": RECORD_KIND, "episode_id": episode_id, **meta, **record(ep, meta.get("temperature", 1.0)),
-                   "created": old.get("created", time.time()), "outcome": old.get("outcome")}
+                   **kept}
             for r, t in zip(rec["turns"], ep.turns):
                 r["admissible"] = t.admissible
             self._write(episode_id, rec)
@@ -46,6 +47,7 @@ class Recorder:
                 raise KeyError(episode_id)
             rec["outcome"] = {"reward": float(reward), "won": bool(reward > 0) if won is None else bool(won),
                               "at": time.time()}
+            self._kept[episode_id] = {"created": rec["created"], "outcome": rec["outcome"]}
             self._write(episode_id, rec)
             return rec["outcome"]
 
