@@ -435,3 +435,12 @@ def test_rollback_restores_the_previous_champion_and_walks_back_the_chain(store)
     assert all(torch.equal(a[k], b[k]) for k in b)
     with pytest.raises(FileNotFoundError, match="not found in the registry"):
         mr.download_policy("models:/no-such-model@champion", tmp / "dl2")
+    # evaluation and the endpoint load a registry URI from a temporary download, removed after
+    import glob
+    import tempfile
+
+    before = set(glob.glob(f"{tempfile.gettempdir()}/agentkiln-model-*"))
+    with mr.downloaded_policy(f"models:/{name}@champion") as path:
+        a = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b) and not path.exists()
+    assert set(glob.glob(f"{tempfile.gettempdir()}/agentkiln-model-*")) == before

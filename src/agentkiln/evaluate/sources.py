@@ -41,10 +41,13 @@ def resolve_policy(source: str, params, init: str | None = None):
         return load_policy(path)
     if source.startswith("models:/"):
         from agentkiln import tracking
-        from agentkiln.registry.model_registry import download_policy
+        from agentkiln.registry.model_registry import downloaded_policy
 
         tracking.setup()
-        return load_policy(download_policy(source))
+        with downloaded_policy(source) as path:
+            policy = load_policy(path)
+        policy.source = source
+        return policy
     path = Path(source)
     if (path / "state.pt").is_file():  # an RL checkpoint: weights on top of the stage's starting model
         start = Path(init) if init else paths.model_dir(params.rl.stage(path.name).init)

@@ -16,6 +16,8 @@ import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -298,6 +300,14 @@ def download_policy(uri: str, dst: str | Path | None = None) -> Path:
     except MlflowException as e:
         raise FileNotFoundError(f"{uri}: not found in the registry at {mlflow.get_tracking_uri()} ({e.message})") from e
     return assemble_policy(local, dst / "policy", uri)
+
+
+@contextmanager
+def downloaded_policy(uri: str) -> Iterator[Path]:
+    """download_policy into a temporary directory that is removed on exit: load the policy inside the
+    `with` (its weights and tokenizer are then in memory) and nothing is left behind in /tmp."""
+    with tempfile.TemporaryDirectory(prefix="agentkiln-model-") as tmp:
+        yield download_policy(uri, tmp)
 
 
 def assemble_policy(local: Path, dst: Path, what: str) -> Path:

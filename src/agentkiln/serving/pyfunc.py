@@ -48,5 +48,5 @@ def _request(item) -> dict:
 
 def _load_pyfunc(path: str) -> AgentModel:
     """MLflow's entry point: `path` is the downloaded model's root (MLmodel, model/, agentkiln/)."""
-    dst = Path(tempfile.mkdtemp(prefix="agentkiln-pyfunc-")) / "policy"
-    return AgentModel(assemble_policy(Path(path), dst, path))
+    with tempfile.TemporaryDirectory(prefix="agentkiln-pyfunc-") as tmp:  # loaded into memory, then removed
+        return AgentModel(assemble_policy(Path(path), Path(tmp) / "policy", path))

@@ -57,9 +57,13 @@ class ModelSource:
     def _load(self, version: str) -> Policy:
         if self.name is None:
             return load_policy(self.spec)
-        from agentkiln.registry.model_registry import download_policy  # noqa: PLC0415
+        from agentkiln.registry.model_registry import downloaded_policy  # noqa: PLC0415
 
-        return load_policy(download_policy(f"models:/{self.name}/{version}"))
+        uri = f"models:/{self.name}/{version}"
+        with downloaded_policy(uri) as path:
+            policy = load_policy(path)
+        policy.source = uri
+        return policy
 
     def check(self) -> bool:
         """Load the alias's version if it moved (True when a new one is waiting to be swapped in)."""
