@@ -125,6 +125,29 @@ def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monke
         assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))
 
 
+def test_ray_actors_play_the_same_bytes_as_the_rollout_processes(lake_pool, texts):
+    """`worker: ray`: two Ray actors, a flight's weights sent once through the object store, play each
+    chunk on its seed: the run trains to the same weights as two rollout processes; without a Ray
+    session the worker is refused by name."""
+    from agentkiln import fanout
+    from agentkiln.config import RayParams
+    from agentkiln.trainers import inflight
+
+    torch.set_num_threads(1)
+    p = params(1, rollout_batch=4)
+    runs = []
+    for worker in ("process", "ray"):
+        q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"worker": worker, "processes": 2})})
+        with fanout.session(RayParams(enabled=worker == "ray", num_cpus=2)):
+            runs.append(run(texts, lake_pool, q))
+    (hist, pol), (hist_ray, pol_ray) = runs
+    assert [h["async/staleness"] for h in hist_ray] == [0, 1, 1, 1]
+    assert hist_ray == hist
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol_ray.model.parameters()))
+    with pytest.raises(ValueError, match="asynchronous.worker = 'ray' needs a Ray session: set compute.ray.enabled"):
+        inflight.RolloutActors(pol, lake_pool[1], p)
+
+
 def _announce_to_nobody(self, fid, weights, parts, seeds):
     with self.counter.get_lock():
         self.counter[0], self.counter[1] = fid, 0

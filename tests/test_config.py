@@ -240,6 +240,9 @@ OOD_SPLIT = "    ood:  {n_tasks: 80,  seed: 4, mix: {frozenlake_medium: 0.5, pyt
     # vLLM holds one set of weights: one iteration in flight at most
     ([("    backend: hf ", "    backend: vllm "), ("    main: {init: sft}", "    main: {init: sft, asynchronous: {max_staleness: 2}}")],
      "  - rl.stages.main: asynchronous.max_staleness = 2 with compute.rollout.backend = 'vllm'"),
+    # Ray rollout actors need a Ray session
+    ([("    main: {init: sft}", "    main: {init: sft, asynchronous: {max_staleness: 1, worker: ray}}")],
+     "  - rl.stages.main: asynchronous.worker = 'ray' without compute.ray.enabled"),
 ])
 def test_contradictory_settings_are_refused_at_load(tmp_path, pairs, expected):
     path = edits(tmp_path, *pairs)

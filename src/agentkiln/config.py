@@ -422,14 +422,16 @@ class AsyncParams(_Strict):
         "none: no extra pass, PPO's ratio against the behaviour log-probs (verl's bypass mode), the mismatch "
         "measured on the update's own forward passes")
     is_cap: float = Field(2.0, ge=1, le=1e4, description="the importance weight's cap (decoupled) or band (masked)")
-    worker: Literal["process", "thread"] = Field(
+    worker: Literal["process", "thread", "ray"] = Field(
         "process", description="who plays the next iteration with the in-process engine: a rollout process with "
         "its own copy of the weights (shared memory) on one torch thread, the trainer playing the chunks it has "
-        "not claimed once its update is done (the trainer then trains on one thread fewer); or a thread of the "
-        "trainer's process (vLLM rollouts always use a thread). Chunks are rollout_batch episodes (whole groups), "
-        "each with its own seed: the same bytes whoever plays them")
-    processes: int = Field(1, ge=1, le=256, description="rollout processes (worker: process); each takes a torch "
-                           "thread from the trainer's, so keep processes < torch_threads where cores are few")
+        "not claimed once its update is done (the trainer then trains on one thread fewer); Ray actors "
+        "(compute.ray.enabled), each with its own copy, a flight's weights sent once through Ray's object store; "
+        "or a thread of the trainer's process (vLLM rollouts always use a thread). Chunks are rollout_batch "
+        "episodes (whole groups), each with its own seed: the same bytes whoever plays them")
+    processes: int = Field(1, ge=1, le=256, description="rollout processes (worker: process) or Ray actors (worker: "
+                           "ray); each takes a torch thread from the trainer's, so keep processes < torch_threads "
+                           "where cores are few")
     kl_alarm: float = Field(0.05, gt=0, le=100, description="an iteration whose k3 KL(behaviour || trainer) "
                             "exceeds this is reported (a warning and mismatch/alarm = 1)")
 
@@ -942,6 +944,11 @@ def _compute_contradictions(p: Params) -> list[str]:
                 out.append(f"rl.stages.{name}: asynchronous.max_staleness = {k} with compute.rollout.backend = 'vllm': "
                            "vLLM holds one set of weights, so one iteration can be in flight; use max_staleness 1 "
                            "or the hf backend")
+    if not c.ray.enabled:
+        for name in p.rl.stages:
+            if p.rl.stage(name).asynchronous.worker == "ray":
+                out.append(f"rl.stages.{name}: asynchronous.worker = 'ray' without compute.ray.enabled: the rollout "
+                           "actors need a Ray session; set compute.ray.enabled: true, or worker: process")
     if c.backend != "deepspeed":
         return out
     # What RL on ranks refuses (trainers.rl.check_ranks) would stop the rl stage after synthesize and sft

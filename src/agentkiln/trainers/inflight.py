@@ -15,6 +15,11 @@ chunk alone, never on who played it or when, so a run is deterministic whatever 
   the trainer, its update done, plays whatever is left (on one thread, as they do, so a chunk's bytes
   do not depend on who played it) instead of waiting. The trainer trains on as many torch threads
   fewer than it was given as there are processes: on 2 cores, one each.
+- `worker: ray` (with `compute.ray.enabled`): `asynchronous.processes` Ray actors (`RolloutActors`),
+  one torch thread each, each holding a copy of the policy; a flight's weights go into Ray's object
+  store once (in memory, shared by the actors of a node) and its chunks are dealt to the actors
+  round-robin. The same chunk seeds, so the same bytes as the rollout processes; on a cluster the
+  actors spread over the nodes (the tasks directory at the same path on each, as for fan-out).
 - `worker: thread` (and vLLM, a process of its own already): a thread plays the chunks on the
   backend's snapshot.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import queue
 import random
@@ -34,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from agentkiln import lifecycle
+from agentkiln import fanout, lifecycle
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora
@@ -176,6 +182,68 @@ class RolloutProcess:
                 proc.join()
 
 
+class _RolloutActor:
+    """A Ray actor's body (`RolloutActors`): its own copy of the policy on one torch thread; a chunk's
+    call carries its flight's weights (an object-store reference, loaded once per flight)."""
+
+    def __init__(self, policy: Policy, tasks_dir: str, p: RLParams):
+        torch.set_num_threads(1)
+        self.rollout = SnapshotRollout(policy)
+        self.tasks_dir, self.p, self.loaded = Path(tasks_dir), p, None
+
+    def play(self, fid: int, weights: dict, part: list[TaskSpec], seed: int) -> list[Episode]:
+        if self.loaded != fid:
+            self.rollout.load(weights)
+            self.loaded = fid
+        return play(self.rollout, part, self.tasks_dir, self.p, seed)
+
+
+class RolloutActors:
+    """`asynchronous.worker: ray`: the rollout workers are Ray actors (module docstring). The same
+    interface as RolloutProcess; the actors play every chunk of a flight (the trainer claims none)."""
+
+    def __init__(self, policy: Policy, tasks_dir: Path, p: RLParams, actors: int = 1):
+        if not fanout.active():
+            raise ValueError("rl: asynchronous.worker = 'ray' needs a Ray session: set compute.ray.enabled: true")
+        import ray  # noqa: PLC0415  (Ray only on its path: a run without it never imports it)
+
+        self.ray = ray
+        remote = ray.remote(_RolloutActor).options(num_cpus=1, scheduling_strategy="SPREAD")
+        own = ray.put(policy)  # pickled once, read by every actor
+        self.actors = [remote.remote(own, str(Path(tasks_dir).resolve()), p) for _ in range(actors)]
+        self.refs: dict[int, list] = {}  # flight -> its chunks' results, by chunk (None once taken)
+        self.dealt = 0
+
+    def launch(self, fid: int, weights: dict, parts: list[list[TaskSpec]], seeds: list[int]) -> None:
+        ref = self.ray.put(weights)  # weight sync through the object store: in memory, once per flight
+        refs = []
+        for part, seed in zip(parts, seeds):
+            refs.append(self.actors[self.dealt % len(self.actors)].play.remote(fid, ref, part, seed))
+            self.dealt += 1
+        self.refs[fid] = refs
+
+    def claim(self, fid: int, n: int) -> None:
+        return None
+
+    def result(self, fid: int) -> tuple[int, list[Episode]]:
+        """The next chunk of flight `fid` an actor played: (its index, its episodes)."""
+        refs = self.refs[fid]
+        (ready,), _ = self.ray.wait([r for r in refs if r is not None], num_returns=1)
+        c = refs.index(ready)
+        refs[c] = None
+        if all(r is None for r in refs):
+            del self.refs[fid]
+        try:
+            return c, self.ray.get(ready)
+        except self.ray.exceptions.RayError as e:
+            raise RuntimeError(f"rl: a Ray rollout actor failed: {e}") from None
+
+    def close(self) -> None:
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor)
+
+
 @dataclass
 class Flight:
     """An iteration's rollouts launched: on the weights of policy `version`, played by `job` (a thread's
@@ -209,8 +277,11 @@ class InFlight:
             raise ValueError(f"rl: asynchronous.max_staleness = {self.bound} with the {type(rollout).__name__} backend: "
                              "it plays on the live policy's weights, so only one iteration can be in flight; use "
                              "max_staleness 1, or the hf backend")
-        self.process = RolloutProcess(rollout.policy, tasks_dir, p, p.asynchronous.processes, slots=self.bound) \
-            if self.bound and p.asynchronous.worker == "process" and isinstance(rollout, SnapshotRollout) else None
+        self.process = None
+        if self.bound and isinstance(rollout, SnapshotRollout) and p.asynchronous.worker != "thread":
+            workers = RolloutActors if p.asynchronous.worker == "ray" else functools.partial(
+                RolloutProcess, slots=self.bound)
+            self.process = workers(rollout.policy, tasks_dir, p, p.asynchronous.processes)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
         self.flights = 0
         self.loaded: int | None = None  # the flight whose weights the snapshot holds (the trainer's chunks)
