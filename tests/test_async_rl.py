@@ -102,50 +102,34 @@ def test_each_iteration_logs_a_sample_of_what_the_trainer_saw(lake_pool, texts):
 
 def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monkeypatch):
     """The rollout processes and the trainer claim an asynchronous flight's chunks (one group each here)
-    from one counter: two processes playing every chunk, the trainer playing every one, or a thread
-    train to the same weights."""
+    from one counter: two processes playing every chunk, the trainer playing every one, a thread, or
+    two Ray actors (`worker: ray`: a flight's weights sent once through the object store, its chunks
+    dealt to the actors) train to the same weights. Without a Ray session `worker: ray` is refused."""
+    from agentkiln import fanout
+    from agentkiln.config import RayParams
     from agentkiln.trainers import inflight
 
     torch.set_num_threads(1)  # the thread worker plays on the trainer's threads; the others on one
     p = params(1, rollout_batch=4)  # 2 tasks x 4 episodes: 2 chunks per iteration
     runs = {}
-    for who in ("two processes", "trainer", "thread"):
+    for who in ("two processes", "trainer", "thread", "two ray actors"):
         with monkeypatch.context() as m:
             if who == "two processes":  # the trainer claims nothing: the processes play every chunk
                 m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
-            change = {"thread": {"worker": "thread"}, "two processes": {"processes": 2}}.get(who, {})
+            change = {"thread": {"worker": "thread"}, "two processes": {"processes": 2},
+                      "two ray actors": {"worker": "ray", "processes": 2}}.get(who, {})
             q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update=change)})
             if who == "trainer":  # the process is never told of a flight: the trainer plays every chunk
                 m.setattr(inflight.RolloutProcess, "launch", _announce_to_nobody)
-            runs[who] = run(texts, lake_pool, q)
+            with fanout.session(RayParams(enabled=who == "two ray actors", num_cpus=2)):
+                runs[who] = run(texts, lake_pool, q)
+    with pytest.raises(ValueError, match="asynchronous.worker = 'ray' needs a Ray session: set compute.ray.enabled"):
+        inflight.RolloutActors(runs["thread"][1], lake_pool[1], p)
     (hist, pol), *others = runs.values()
     assert [h["async/staleness"] for h in hist] == [0, 1, 1, 1]
     for other, pol2 in others:
         assert other == hist
         assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))
-
-
-def test_ray_actors_play_the_same_bytes_as_the_rollout_processes(lake_pool, texts):
-    """`worker: ray`: two Ray actors, a flight's weights sent once through the object store, play each
-    chunk on its seed: the run trains to the same weights as two rollout processes; without a Ray
-    session the worker is refused by name."""
-    from agentkiln import fanout
-    from agentkiln.config import RayParams
-    from agentkiln.trainers import inflight
-
-    torch.set_num_threads(1)
-    p = params(1, rollout_batch=4)
-    runs = []
-    for worker in ("process", "ray"):
-        q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"worker": worker, "processes": 2})})
-        with fanout.session(RayParams(enabled=worker == "ray", num_cpus=2)):
-            runs.append(run(texts, lake_pool, q))
-    (hist, pol), (hist_ray, pol_ray) = runs
-    assert [h["async/staleness"] for h in hist_ray] == [0, 1, 1, 1]
-    assert hist_ray == hist
-    assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol_ray.model.parameters()))
-    with pytest.raises(ValueError, match="asynchronous.worker = 'ray' needs a Ray session: set compute.ray.enabled"):
-        inflight.RolloutActors(pol, lake_pool[1], p)
 
 
 def _announce_to_nobody(self, fid, weights, parts, seeds):
