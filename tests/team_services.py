@@ -13,7 +13,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentkiln.registry.ui import free_port
+from agentkiln.servers import free_port
 
 
 def _bin_dir() -> Path | None:

@@ -426,7 +426,7 @@ def test_the_endpoint_command_serves_until_sigterm_and_refuses_bad_input(world, 
         rest = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0 and "endpoint stopped" in rest and str(tmp_path / "rec") in rest, rest
         assert list((tmp_path / "rec").glob("ep-*.json"))
-        from agentkiln.registry.ui import port_taken
+        from agentkiln.servers import port_taken
 
         assert not port_taken(port)
     finally:

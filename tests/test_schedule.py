@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from agentkiln.registry import ui
-from agentkiln.registry.ui import stop_process
+from agentkiln.servers import stop_process
 from agentkiln.services import PrefectServer
 from tests.conftest import copy_worktree, merge
 

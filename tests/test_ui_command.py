@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkiln.registry.ui import free_port, port_taken
+from agentkiln.servers import free_port, port_taken
 from tests.processes import alive, descendants
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the Linux process table")

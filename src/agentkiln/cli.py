@@ -243,7 +243,7 @@ def ui(
     prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200,
 ) -> None:
     """Start the MLflow and Prefect servers on loopback, print their URLs; Ctrl-C stops both."""
-    from agentkiln.registry.ui import ServerError
+    from agentkiln.servers import ServerError
     from agentkiln.services import serve_uis
 
     root = project()
@@ -288,7 +288,7 @@ def endpoint(
         model = str(model_dirs(load_params(project() / PARAMS_FILE))[model])
     if not model.startswith("models:/") and (problem := source_problem(model)):
         fail(f"--model {problem}")
-    from agentkiln.registry.ui import port_taken
+    from agentkiln.servers import port_taken
 
     if port_taken(port, host):
         fail(f"port {port} on {host} is taken (another endpoint or program listens there); pick another with --port")

@@ -1,28 +1,25 @@
 """Long-lived servers on loopback: a Prefect API/UI server (schedules need one) and, with the MLflow
-UI server of agentkiln.registry.ui, what `agentkiln ui` starts. Each runs in its own process group
-and is stopped with all its children."""
+UI server of agentkiln.registry.ui, what `agentkiln ui` starts. Both are agentkiln.servers
+ManagedServers: their own process group, stopped with all their children."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from agentkiln import lifecycle
-from agentkiln.registry.ui import MlflowServer, ServerError, free_port, log_tail, port_taken, stop_process
+from agentkiln.registry.ui import MlflowServer
+from agentkiln.servers import ManagedServer, ServerError, free_port, log_tail, port_taken
 from agentkiln.tracking import TRAINING_VIEW, store_dir, tracking_uri
 
 
-class PrefectServer:
+class PrefectServer(ManagedServer):
     """`prefect server start` on host:port (a free port by default) with its own PREFECT_HOME when
-    `home` is given (a throwaway database for tests), else the user's. `wait()` returns the API URL
-    (…/api) once /api/health answers."""
+    `home` is given (a throwaway database for tests), else the user's; started at construction
+    (agentkiln.servers.ManagedServer). `wait()` returns the API URL (…/api) once /api/health answers."""
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, home: str | Path | None = None):
         self.port = port or free_port(host)
@@ -33,31 +30,12 @@ class PrefectServer:
         env.pop("PREFECT_API_URL", None)  # the server must not talk to another one
         if home is not None:
             env["PREFECT_HOME"] = str(home)
-        self.cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(self.port)]
-        log_fd, log_name = tempfile.mkstemp(prefix="prefect-server-", suffix=".log")
-        self.log = Path(log_name)
-        with os.fdopen(log_fd, "wb") as log_file:
-            self.proc = subprocess.Popen(self.cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(self.port)]
+        super().__init__("prefect server", cmd, f"{self.api_url}/health", env=env)
 
     def wait(self, timeout: float = 180.0) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise ServerError(f"prefect server exited with code {self.proc.returncode}\n{log_tail(self.log)}")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self.api_url
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise ServerError(f"prefect server did not answer {self.api_url}/health in {timeout:.0f}s\n{log_tail(self.log)}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.unlink(missing_ok=True)
+        super().wait(timeout)
+        return self.api_url
 
 
 def serve_uis(root: Path, mlflow_port: int, prefect_port: int, out: Callable[[str], object] = print) -> None:

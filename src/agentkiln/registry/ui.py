@@ -19,8 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from agentkiln.servers import ManagedServer, free_port
+
 MODEL_NAME = "agentkiln-policy"
 CHROMIUM_ENV = "AGENTKILN_CHROMIUM"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -41,40 +41,11 @@ INSTALL_HINT = "chromium not installed: apt-get install chromium (or set AGENTKI
 VIRTUAL_TIME_MS = 15000
 
 
-class ServerError(RuntimeError):
-    pass
-
-
 class ChromiumNotFound(RuntimeError):
     pass
 
 
 # --------------------------------------------------------------------------- server
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_taken(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something already listens on host:port (a server left running, another program)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def log_tail(path: Path, n: int = 4000) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-n:]
-
-
 def absolute_sqlite_uri(uri: str) -> str:
     """`sqlite:///rel/path.db` made absolute against the current directory (the server runs
     elsewhere); other URIs unchanged."""
@@ -85,42 +56,11 @@ def absolute_sqlite_uri(uri: str) -> str:
     return uri
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the server's process group (uvicorn/gunicorn workers included), SIGKILL after
-    `grace` seconds."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # Stragglers of the group (workers whose parent is gone) get the last word.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class MlflowServer:
+class MlflowServer(ManagedServer):
     """`mlflow server` on `backend_store_uri` (tracking and registry), serving artifacts from
-    `artifacts_dir`, on `host`:`port` (a free port when None), one worker, started in its own
-    process group at construction. `wait()` blocks until `GET /health` answers and returns the
-    base URL; `stop()` ends the whole group (uvicorn and any workers). Start it early and wait
-    later to overlap its start-up (several seconds: it imports MLflow) with other work.
+    `artifacts_dir`, on `host`:`port` (a free port when None), one worker, started at construction
+    (agentkiln.servers.ManagedServer: its own process group, `stop()` ends uvicorn and any workers).
+    `wait()` blocks until `GET /health` answers and returns the base URL.
 
     The default security middleware lets loopback hosts and origins through, so nothing is
     disabled."""
@@ -130,7 +70,7 @@ class MlflowServer:
         self.url = f"http://{host}:{self.port}"
         artifacts_dir = Path(artifacts_dir).resolve()
         artifacts_dir.mkdir(parents=True, exist_ok=True)
-        self.cmd = [
+        cmd = [
             sys.executable, "-m", "mlflow", "server",
             "--backend-store-uri", absolute_sqlite_uri(backend_store_uri),
             "--artifacts-destination", str(artifacts_dir),
@@ -140,35 +80,13 @@ class MlflowServer:
             "--app-name", "agentkiln",  # MLflow's app, its root URL in the model-training view (registry.mlflow_app)
         ]
         env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
-        log_fd, log_name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
-        self.log = Path(log_name)
-        with os.fdopen(log_fd, "wb") as log_file:
-            # cwd = the artifacts dir's parent: whatever the server writes relative to its
-            # working directory stays next to the store, not wherever we were called from.
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=artifacts_dir.parent, start_new_session=True,
-            )
-
-    def _fail(self, why: str) -> ServerError:
-        return ServerError(f"{why}\ncommand: {' '.join(self.cmd)}\n--- server log (tail) ---\n{log_tail(self.log)}")
+        # cwd = the artifacts dir's parent: whatever the server writes relative to its working
+        # directory stays next to the store, not wherever we were called from
+        super().__init__("mlflow server", cmd, f"{self.url}/health", env=env, cwd=artifacts_dir.parent)
 
     def wait(self, timeout: float = 180.0) -> str:
-        """The base URL once the server answers; ServerError (with the tail of its log) if it
-        exits first or does not answer within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        # poll() first, also after a healthy answer: another server may have taken the port.
-        while self.proc.poll() is not None or not _healthy(self.url):
-            if self.proc.poll() is not None:
-                raise self._fail(f"mlflow server exited with code {self.proc.returncode} before answering on {self.url}")
-            if time.monotonic() > deadline:
-                raise self._fail(f"mlflow server did not answer GET {self.url}/health within {timeout:.0f}s")
-            time.sleep(0.25)
+        super().wait(timeout)
         return self.url
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.unlink(missing_ok=True)
 
 
 @contextmanager
