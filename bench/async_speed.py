@@ -17,24 +17,35 @@ Writes the episodes per second of every mode, the ratio of async to sync at para
 `speedup`, the best asynchronous ratio over the synchronous run at the same batch as `best`, and each
 mode's mean rollout success and mismatch KL to bench/results/async_speed.json.
 
+At a model shape (`--shape 0.5b --device cuda`, the GPU bench: issue 23 asks for it first whenever a
+GPU is there) the policy is bench/gpu_rl.py's random-init Qwen2 of that shape (nothing downloaded) on
+FrozenLake tasks, free decoding of `--max-reply-tokens` per turn, rollout worker `thread` (a CUDA
+model is not shared between processes), and PPO: random weights win no game, so a group-relative
+estimator would have no advantage to train on, while the critic's values give every row one. Only
+params' default batch is measured there (`--small-batch` is for the CPU default).
+
     python bench/async_speed.py                      # after `dvc repro sft` (or the whole pipeline)
     python bench/async_speed.py --iterations 12 --out bench/results/async_speed.json
+    python bench/async_speed.py --shape 0.5b --device cuda --iterations 8   # -> bench/results/async_speed_0.5b_cuda.json
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from agentkiln import paths
-from agentkiln.config import load_params
+from agentkiln.config import PARAMS_FILE, ComputeParams, RLSection, load_params, read_yaml
 from agentkiln.policy import load_policy
 from agentkiln.seeding import seed_everything
 from agentkiln.stages.common import load_split
@@ -70,15 +81,21 @@ class Clock:
             setattr(owner, name, fn)
 
 
-def run(params, p, pool, staleness: int, correction: str | None = None) -> dict:
+def run(params, p, pool, staleness: int, correction: str | None = None, policy_fn=None, tasks_dir=paths.TASKS
+        ) -> dict:
     seed_everything(params.seed, params.torch_threads)
-    policy = load_policy(paths.SFT_MODEL, compute=params.compute)
-    ref = copy.deepcopy(policy)
+    if policy_fn is None:  # the pipeline's SFT policy and its frozen reference
+        policy = load_policy(paths.SFT_MODEL, compute=params.compute)
+        ref = copy.deepcopy(policy)
+    else:  # a model shape: the same random weights for every mode, no reference (kl_coef 0)
+        policy, ref = policy_fn(), None
     a = p.asynchronous.model_copy(update={"max_staleness": staleness, "correction": correction or p.asynchronous.correction})
     q = p.model_copy(update={"asynchronous": a, "checkpoint_every": 0})
     with Clock() as clock:
         start = time.perf_counter()
-        hist = trainer.train_rl(policy, ref, pool, paths.TASKS, q, seed=params.seed)
+        hist = trainer.train_rl(policy, ref, pool, tasks_dir, q, seed=params.seed)
+        if policy.device.type == "cuda":
+            torch.cuda.synchronize(policy.device)
         seconds = time.perf_counter() - start
     episodes = hist[-1]["episodes"]
     out = {"rollout_batch": q.rollout_batch, "correction": a.correction if staleness else None,
@@ -94,13 +111,22 @@ def run(params, p, pool, staleness: int, correction: str | None = None) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=12, help="RL iterations per mode (default: the stage's 12)")
     ap.add_argument("--small-batch", type=int, default=16,
                     help="the second rollout_batch measured (default 16: two groups per chunk)")
-    ap.add_argument("--out", default="bench/results/async_speed.json")
-    args = ap.parse_args()
+    ap.add_argument("--shape", default="pipeline", choices=["pipeline", "tiny", "0.5b", "1.5b"],
+                    help="pipeline: models/sft on the rl pool (default); a shape: bench/gpu_rl.py's random-init Qwen2")
+    ap.add_argument("--device", default="auto", help="with --shape: auto | cpu | cuda | cuda:N")
+    ap.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"], help="with --shape")
+    ap.add_argument("--tasks-per-iter", type=int, default=8, help="with --shape: FrozenLake tasks per iteration")
+    ap.add_argument("--max-reply-tokens", type=int, default=32, help="with --shape: tokens per reply (free decoding)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default bench/results/async_speed.json, or async_speed_<shape>_<device>.json)")
+    args = ap.parse_args(argv)
+    if args.shape != "pipeline":
+        return at_shape(args)
 
     params = load_params()
     stage = next(iter(params.rl.stages))
@@ -124,12 +150,67 @@ def main() -> None:
     results["best"] = {"mode": best, "over": base, "speedup": round(eps[best] / eps[base], 3),
                        "over_same_batch": round(eps[best] / eps["sync@" + best.split("@")[1]], 3)}
     results["target"] = 1.3
-    out = Path(args.out)
+    out = Path(args.out or "bench/results/async_speed.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"speedup {results['speedup']}x at params' defaults; best {results['best']['mode']} "
           f"{results['best']['speedup']}x over {base} ({results['best']['over_same_batch']}x over sync at its batch); "
           f"target {results['target']}x; wrote {out}")
+
+
+def _gpu_bench():
+    spec = importlib.util.spec_from_file_location("gpu_rl", Path(__file__).with_name("gpu_rl.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def at_shape(args) -> None:
+    """Sync against async at a model shape on a device (see the module's docstring)."""
+    gpu = _gpu_bench()
+    # params.yaml's seed and RL section alone: the whole file's validation resolves every family's
+    # generator (textworld for cooking), which a GPU machine need not have installed
+    raw = read_yaml(Path(PARAMS_FILE).read_text())
+    params = SimpleNamespace(seed=raw.get("seed", 0), torch_threads=raw.get("torch_threads"),
+                             rl=RLSection(**raw.get("rl", {})))
+    compute = ComputeParams(device=args.device, dtype=args.dtype, attn_implementation="sdpa")
+    stage = next(iter(params.rl.stages))
+    base = params.rl.stage(stage)
+    p = base.model_copy(update={
+        "algorithm": "ppo", "iterations": args.iterations, "episode_budget": None, "tasks_per_iter": args.tasks_per_iter,
+        "max_turns": 4, "max_reply_tokens": args.max_reply_tokens, "decoding": {"default": "free"}, "kl_coef": 0.0,
+        "asynchronous": base.asynchronous.model_copy(update={"worker": "thread"})})
+    with tempfile.TemporaryDirectory(prefix="agentkiln-async-bench-") as tmp:
+        tasks_dir = Path(tmp) / "tasks"
+        n = args.tasks_per_iter * args.iterations
+        pool = gpu.synthesize_tasks("gym-toytext", n, seed=3, level="easy", out_dir=tasks_dir, game="frozenlake")
+
+        start = gpu.build_policy(args.shape, pool, tasks_dir, Path(tmp) / "model", compute, 2048, 1000)
+        device, n_params = start.device, sum(x.numel() for x in start.model.parameters())
+
+        def policy_fn():  # every mode from the same random weights
+            return copy.deepcopy(start)
+
+        results = {"shape": args.shape, "params": n_params, "dtype": args.dtype, "algorithm": p.algorithm,
+                   "worker": "thread", "machine": gpu.machine(device), "episodes_per_iteration": p.tasks_per_iter * p.group_size,
+                   "rollout_batch": p.rollout_batch, "max_turns": p.max_turns, "max_reply_tokens": p.max_reply_tokens,
+                   "modes": {}}
+        # a first synchronous run warms the device up (CUDA context, kernels), unreported
+        run(params, p.model_copy(update={"iterations": 1}), pool, 0, None, policy_fn, tasks_dir)
+        for mode, staleness, correction in (("sync", 0, None), ("async", 1, None), ("async_none", 1, "none")):
+            results["modes"][mode] = r = run(params, p, pool, staleness, correction, policy_fn, tasks_dir)
+            print(f"{mode}: {r['episodes']} episodes in {r['seconds']} s = {r['episodes_per_s']} episodes/s "
+                  f"(take {r['phase_seconds']['take']} s, prepare {r['phase_seconds']['prepare']} s, "
+                  f"update {r['phase_seconds']['update']} s)", flush=True)
+    eps = {m: r["episodes_per_s"] for m, r in results["modes"].items()}
+    results["speedup"] = round(eps["async"] / eps["sync"], 3)
+    results["speedup_no_recompute"] = round(eps["async_none"] / eps["sync"], 3)
+    results["target"] = 1.3
+    out = Path(args.out or f"bench/results/async_speed_{args.shape}_{device.type}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"speedup {results['speedup']}x (no recompute {results['speedup_no_recompute']}x) at the {args.shape} shape "
+          f"on {results['machine']['device_name']}; wrote {out}")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,30 @@ def test_gpu_bench_runs_on_cpu_at_the_tiny_shape_and_reports_every_number(tmp_pa
     assert r["reference"]["device"].startswith("NVIDIA H100")
 
 
+def test_async_bench_runs_at_a_model_shape_on_cpu(tmp_path):
+    """bench/async_speed.py's GPU mode (random-init shape, PPO, rollout thread) at the tiny shape."""
+    out = tmp_path / "async_tiny.json"
+    spec = importlib.util.spec_from_file_location("async_speed", ROOT / "bench" / "async_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:  # in this process (torch already imported): the bench's own params.yaml from the repository root
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(ROOT)
+            bench.main(["--shape", "tiny", "--device", "cpu", "--iterations", "2", "--tasks-per-iter", "1",
+                        "--max-reply-tokens", "4", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    r = json.loads(out.read_text())
+    assert r["shape"] == "tiny" and r["algorithm"] == "ppo" and r["worker"] == "thread"
+    modes = r["modes"]
+    assert set(modes) == {"sync", "async", "async_none"}
+    for m in modes.values():
+        assert m["iterations"] == 2 and m["episodes"] == 2 * 8 and m["episodes_per_s"] > 0
+    assert "staleness" not in modes["sync"] and modes["async"]["staleness"] == [0, 1]
+    assert r["speedup"] == pytest.approx(modes["async"]["episodes_per_s"] / modes["sync"]["episodes_per_s"], abs=1e-3)
+
+
 def test_mfu_peak_table_and_reference_numbers():
     spec = importlib.util.spec_from_file_location("gpu_rl", ROOT / "bench" / "gpu_rl.py")
     bench = importlib.util.module_from_spec(spec)
