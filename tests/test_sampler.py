@@ -77,6 +77,37 @@ def test_state_round_trip_deals_the_same_tasks():
     assert [t.task_id for t in s2.sample(4, rng2)] == after
 
 
+def test_replay_draws_varied_tasks_by_learnability_and_fills_the_rest_fresh():
+    tasks = pool({"a": 10, "b": 10})
+    s = TaskSampler(tasks, "balanced", replay_share=0.5)
+    # before anything is seen there is nothing to replay: every task is dealt as balanced deals it
+    first = s.sample(8, random.Random(0))
+    assert [t.task_id for t in first] == [t.task_id for t in TaskSampler(tasks, "balanced").sample(8, random.Random(0))]
+    # a-0 and b-1 varied (a-0 at 1/2: weight 1/4; b-1 at 7/8: weight 7/64), a-1 was solved, b-0 hopeless
+    s.observe({}, {"a-0": [True, False], "a-1": [True, True], "b-0": [False, False], "b-1": [True] * 7 + [False]})
+    assert s.replayable() == {"a-0": 0.25, "b-1": pytest.approx(7 / 64)}
+    rng = random.Random(1)
+    for _ in range(20):
+        got = [t.task_id for t in s.sample(8, rng)]
+        assert len(set(got)) == 8
+        assert set(got[:2]) == {"a-0", "b-1"}  # half of 8 = 4 asked, the only 2 replayable taken
+        assert not {"a-0", "b-1"} & set(got[2:])  # the fresh tasks are other tasks
+    # by p(1-p): with one slot, a-0 (1/4) comes about 70% of the time, b-1 (7/64) about 30%
+    s1 = TaskSampler(tasks, "uniform", replay_share=0.25)
+    s1.observe({}, {"a-0": [True, False], "b-1": [True] * 7 + [False]})
+    first_pick = Counter(s1.sample(4, rng)[0].task_id for _ in range(2000))
+    assert 0.64 < first_pick["a-0"] / 2000 < 0.76
+    # the last group counts: a task solved now leaves the replay set; it survives a checkpoint
+    s.observe({}, {"a-0": [True, True]})
+    assert s.replayable() == {"b-1": pytest.approx(7 / 64)}
+    s2 = TaskSampler(tasks, "balanced", replay_share=0.5)
+    s2.load_state_dict(s.state_dict())
+    assert s2.replayable() == s.replayable()
+    # episodes of tasks outside the pool (a harness's offline split) are not remembered
+    s.observe({}, {"elsewhere": [True, False]})
+    assert "elsewhere" not in s.task_success
+
+
 def test_an_unknown_type_in_mix_is_named():
     with pytest.raises(ValueError, match="rl.mix: task type\\(s\\) nope not in the RL pool"):
         TaskSampler(pool({"a": 2}), "balanced", mix={"nope": 1.0})

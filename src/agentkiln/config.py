@@ -460,6 +460,8 @@ class RLParams(_Strict):
                                   "{}: every type of the pool, equal weights")
     min_share: float = Field(0.1, ge=0, le=1, description="learnability: the least share of a type")
     success_ema: float = Field(0.5, ge=0, lt=1, description="learnability: weight of the old estimate per iteration")
+    replay_share: float = Field(0.0, ge=0, le=1, description="share of each iteration's tasks replayed from the "
+                                "tasks whose last group varied (task-level prioritized level replay, p(1-p))")
     # rollout tricks
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
     max_sample_rounds: int = Field(3, ge=1, le=100, description="rollout rounds per iteration to fill the batch")

@@ -328,15 +328,17 @@ def episode_metrics(episodes: list[Episode], batch: Batch | None) -> dict:
 
 
 def make_sampler(pool: list[TaskSpec], p: RLParams) -> TaskSampler:
-    return TaskSampler(pool, p.sampling, p.mix, p.min_share, p.success_ema)
+    return TaskSampler(pool, p.sampling, p.mix, p.min_share, p.success_ema, p.replay_share)
 
 
 def observe(sampler: TaskSampler, episodes: list[Episode]) -> None:
-    """Tell the sampler how each task type fared this iteration (every episode played)."""
+    """Tell the sampler how each task type and task fared this iteration (every episode played)."""
     won: dict[str, list[bool]] = defaultdict(list)
+    by_task: dict[str, list[bool]] = defaultdict(list)
     for ep in episodes:
         won[ep.task_type or ep.family].append(ep.won)
-    sampler.observe(won)
+        by_task[ep.task_id].append(ep.won)
+    sampler.observe(won, by_task)
 
 
 POOL_PROBE = 64  # tasks of the pool whose greedy success a stage reports before and after training

@@ -9,8 +9,16 @@
   types the policy always or never solves give no GRPO signal and get only `min_share` each.
 
 Within a type, tasks are dealt from a shuffled deck that is reshuffled when spent, so every task of
-the pool is played before any repeats. The sampler's state (decks, success estimates) is part of the
-RL checkpoint: a resumed run deals the same tasks.
+the pool is played before any repeats.
+
+`replay_share` > 0 adds task-level replay (prioritized level replay over single tasks, Jiang et al.
+2021): that share of each iteration's tasks is drawn again from the tasks whose last group was neither
+all won nor all lost, weighted by p * (1 - p) of that group, without replacement; the rest are dealt
+as above. Most groups of a policy fresh from SFT are flat (every episode won, or every one lost) and
+teach GRPO-style estimators nothing; the few that vary are worth another look while they still do.
+
+The sampler's state (decks, success estimates, the replayable tasks) is part of the RL checkpoint: a
+resumed run deals the same tasks.
 """
 
 from __future__ import annotations
@@ -41,8 +49,11 @@ class TaskSampler:
     """Deals each iteration's tasks from `pool` (see the module docstring)."""
 
     def __init__(self, pool: list[TaskSpec], mode: str = "uniform", mix: dict[str, float] | None = None,
-                 min_share: float = 0.1, success_ema: float = 0.5):
+                 min_share: float = 0.1, success_ema: float = 0.5, replay_share: float = 0.0):
         self.pool, self.mode, self.min_share, self.success_ema = pool, mode, min_share, success_ema
+        self.replay_share = replay_share
+        self.by_id = {t.task_id: t for t in pool}
+        self.task_success: dict[str, float] = {}  # task id -> success of its last group (replay)
         by_type: dict[str, list[TaskSpec]] = defaultdict(list)
         for t in pool:
             by_type[type_of(t)].append(t)
@@ -75,31 +86,58 @@ class TaskSampler:
             rng.shuffle(deck)
         return self.by_type[ttype][deck.pop()]
 
+    def replayable(self) -> dict[str, float]:
+        """Tasks whose last group varied, by learnability p * (1 - p)."""
+        return {tid: p * (1 - p) for tid, p in sorted(self.task_success.items()) if 0 < p < 1}
+
+    def _replay(self, n: int, rng: random.Random) -> list[TaskSpec]:
+        """Up to `n` replayable tasks, weighted by learnability, without replacement."""
+        weights = self.replayable()
+        out: list[TaskSpec] = []
+        while weights and len(out) < n:
+            tid = rng.choices(list(weights), weights=list(weights.values()))[0]
+            del weights[tid]
+            out.append(self.by_id[tid])
+        return out
+
     def sample(self, n: int, rng: random.Random) -> list[TaskSpec]:
         """`n` tasks (at most the pool's size), distinct within the call."""
+        n = min(n, len(self.pool))
+        replayed = self._replay(round(n * self.replay_share), rng) if self.replay_share > 0 else []
+        taken = {t.task_id for t in replayed}
+        return replayed + self._fresh(n - len(replayed), rng, taken)
+
+    def _fresh(self, n: int, rng: random.Random, taken: set[str]) -> list[TaskSpec]:
         if self.mode == "uniform":
-            return rng.sample(self.pool, min(n, len(self.pool)))
+            return rng.sample([t for t in self.pool if t.task_id not in taken], n)
         counts = apportion(self.shares(), n, rng)
         tasks: list[TaskSpec] = []
         for ttype, k in counts.items():
-            k = min(k, len(self.by_type[ttype]))
+            free = sum(t.task_id not in taken for t in self.by_type[ttype])
+            k = min(k, free)
             picked: dict[str, TaskSpec] = {}
             while len(picked) < k:
                 t = self._deal(ttype, rng)
-                picked.setdefault(t.task_id, t)
+                if t.task_id not in taken:
+                    picked.setdefault(t.task_id, t)
             tasks += picked.values()
         return tasks
 
-    def observe(self, won_by_type: dict[str, list[bool]]) -> None:
-        """Fold one iteration's outcomes into each type's success estimate."""
+    def observe(self, won_by_type: dict[str, list[bool]], won_by_task: dict[str, list[bool]] | None = None) -> None:
+        """Fold one iteration's outcomes into each type's success estimate (and each task's, for replay)."""
         for ttype, won in won_by_type.items():
             rate = sum(won) / len(won)
             old = self.success.get(ttype)
             self.success[ttype] = rate if old is None else self.success_ema * old + (1 - self.success_ema) * rate
+        for tid, won in (won_by_task or {}).items():
+            if tid in self.by_id:  # a harness's offline episodes are not the pool's tasks
+                self.task_success[tid] = sum(won) / len(won)
 
     def state_dict(self) -> dict:
-        return {"success": dict(self.success), "decks": {k: list(v) for k, v in self.decks.items()}}
+        return {"success": dict(self.success), "decks": {k: list(v) for k, v in self.decks.items()},
+                "task_success": dict(self.task_success)}
 
     def load_state_dict(self, state: dict) -> None:
         self.success = dict(state["success"])
         self.decks = {k: list(state["decks"].get(k, [])) for k in self.by_type}
+        self.task_success = dict(state.get("task_success", {}))
