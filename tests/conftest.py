@@ -8,7 +8,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-_TMP = Path(tempfile.mkdtemp(prefix="agentkiln-tests-"))
+# Processes a test spawns (DeepSpeed ranks, rollout processes, findings workers) import this module
+# again to unpickle what they run: they keep the session's directory and the Prefect / MLflow settings
+# their parent handed them, instead of making (and leaking) a directory of their own.
+_TMP_VAR = "AGENTKILN_TESTS_TMP"
+_OWNER = _TMP_VAR not in os.environ
+_TMP = Path(tempfile.mkdtemp(prefix="agentkiln-tests-")) if _OWNER else Path(os.environ[_TMP_VAR])
 os.environ.update(
     {
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -18,11 +23,12 @@ os.environ.update(
         "DVC_NO_ANALYTICS": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "PREFECT_HOME": str(_TMP / "prefect"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{_TMP / 'mlflow.db'}",
         "TQDM_DISABLE": "1",
     }
 )
+if _OWNER:
+    os.environ.update({_TMP_VAR: str(_TMP), "PREFECT_HOME": str(_TMP / "prefect"),
+                       "MLFLOW_TRACKING_URI": f"sqlite:///{_TMP / 'mlflow.db'}"})
 # One CPU instruction set for torch's kernels on every x86 machine (AVX2, as on the machines the
 # learning tests were calibrated on): AVX-512 kernels round differently, and a tiny model's RL
 # trajectory then takes another path. Read before torch's first kernel runs.
@@ -35,9 +41,8 @@ os.environ.pop("AGENTKILN_PARENT_RUN_ID", None)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import shutil
-
-    shutil.rmtree(_TMP, ignore_errors=True)
+    if _OWNER:
+        shutil.rmtree(_TMP, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
