@@ -195,8 +195,8 @@ def at_shape(args) -> None:
                    "worker": "thread", "machine": gpu.machine(device), "episodes_per_iteration": p.tasks_per_iter * p.group_size,
                    "rollout_batch": p.rollout_batch, "max_turns": p.max_turns, "max_reply_tokens": p.max_reply_tokens,
                    "modes": {}}
-        # a first synchronous run warms the device up (CUDA context, kernels), unreported
-        run(params, p.model_copy(update={"iterations": 1}), pool, 0, None, policy_fn, tasks_dir)
+        if device.type == "cuda":  # a first synchronous run warms the GPU up (context, kernels), unreported
+            run(params, p.model_copy(update={"iterations": 1}), pool, 0, None, policy_fn, tasks_dir)
         for mode, staleness, correction in (("sync", 0, None), ("async", 1, None), ("async_none", 1, "none")):
             results["modes"][mode] = r = run(params, p, pool, staleness, correction, policy_fn, tasks_dir)
             print(f"{mode}: {r['episodes']} episodes in {r['seconds']} s = {r['episodes_per_s']} episodes/s "

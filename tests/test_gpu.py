@@ -1,8 +1,8 @@
 """A real model on real hardware is a change of params (issue 14): the GPU bench, one RL iteration on
 the device, and the GPU params profile.
 
-- bench/gpu_rl.py runs end to end on a CPU at the tiny shape (a subprocess, so the script cannot rot)
-  and writes every number it promises;
+- bench/gpu_rl.py (writing every number it promises) and bench/async_speed.py --shape run end to end
+  on a CPU at the tiny shape, in this process through their `main`, so the scripts cannot rot;
 - one RL iteration (collect -> prepare -> update through `train_rl`) of a tiny Qwen2 model in bf16
   with gradient checkpointing: on the CPU always, on CUDA where there is one (`gpu` marker, skipped
   automatically without a CUDA device);
@@ -14,8 +14,6 @@ the device, and the GPU params profile.
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -36,15 +34,25 @@ def _apply_profile():
     return mod
 
 
+def _bench(name: str):
+    """A script of bench/ as a module (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # --------------------------------------------------------------------------- the bench
 def test_gpu_bench_runs_on_cpu_at_the_tiny_shape_and_reports_every_number(tmp_path):
     out = tmp_path / "gpu_rl_tiny_cpu.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "gpu_rl.py"), "--shape", "tiny", "--device", "cpu", "--dtype", "bf16",
-           "--threads", "2", "--tasks", "2", "--group-size", "2", "--max-turns", "2", "--max-reply-tokens", "4",
-           "--batch", "2", "--prompt-len", "16", "--new-tokens", "4", "--train-len", "32", "--micro-batch", "2",
-           "--steps", "1", "--out", str(out)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
+    threads = torch.get_num_threads()
+    try:  # in this process (torch already imported), as `python bench/gpu_rl.py ...` runs it
+        _bench("gpu_rl").main(["--shape", "tiny", "--device", "cpu", "--dtype", "bf16", "--threads", "2", "--tasks", "2",
+                               "--group-size", "2", "--max-turns", "2", "--max-reply-tokens", "4", "--batch", "2",
+                               "--prompt-len", "16", "--new-tokens", "4", "--train-len", "32", "--micro-batch", "2",
+                               "--steps", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
     r = json.loads(out.read_text())
     assert r["shape"] == "tiny" and r["settings"]["device"] == "cpu" and r["settings"]["dtype"] == "bf16"
     assert r["machine"]["torch"] == torch.__version__ and r["machine"]["device_name"]
@@ -67,14 +75,11 @@ def test_gpu_bench_runs_on_cpu_at_the_tiny_shape_and_reports_every_number(tmp_pa
 def test_async_bench_runs_at_a_model_shape_on_cpu(tmp_path):
     """bench/async_speed.py's GPU mode (random-init shape, PPO, rollout thread) at the tiny shape."""
     out = tmp_path / "async_tiny.json"
-    spec = importlib.util.spec_from_file_location("async_speed", ROOT / "bench" / "async_speed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     threads = torch.get_num_threads()
     try:  # in this process (torch already imported): the bench's own params.yaml from the repository root
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(ROOT)
-            bench.main(["--shape", "tiny", "--device", "cpu", "--iterations", "2", "--tasks-per-iter", "1",
+            _bench("async_speed").main(["--shape", "tiny", "--device", "cpu", "--iterations", "2", "--tasks-per-iter", "1",
                         "--max-reply-tokens", "4", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
@@ -89,9 +94,7 @@ def test_async_bench_runs_at_a_model_shape_on_cpu(tmp_path):
 
 
 def test_mfu_peak_table_and_reference_numbers():
-    spec = importlib.util.spec_from_file_location("gpu_rl", ROOT / "bench" / "gpu_rl.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("gpu_rl")
     peak = dict(bench.PEAK_BF16_TFLOPS)
     assert next(v for k, v in bench.PEAK_BF16_TFLOPS if k in "NVIDIA H100 80GB HBM3") == 989.0
     assert next(v for k, v in bench.PEAK_BF16_TFLOPS if k in "NVIDIA H100 PCIe") == peak["H100 PCIe"]
