@@ -10,11 +10,13 @@ launched by the SFT stage itself; no mocks.
   has the single-process run's weights (to WEIGHT_TOL).
 - A rank that raises stops the stage with that rank's traceback, its peer (stuck in a collective)
   stopped too.
-- RL on ranks (GRPO, 2 iterations, KL to a frozen reference): rank 0 plays the rollouts and broadcasts
+- RL on ranks (GRPO, 2 iterations, KL to a frozen reference): rank 0 plays the rollouts (spread off) and broadcasts
   the batch, each rank takes its share of each minibatch; every rollout metric equals the single
   process's, the update metrics (loss, KL, entropy, grad norm) follow it to RL_REL_TOL (measured
-  8e-7), the saved model loads with the single run's weights; PPO / ZeRO-3 / vLLM refused by name.
-  Ranks resume from rank 0's checkpoint after iteration 1 and end on the same curve (slow, ~45 s).
+  8e-7), the saved model loads with the single run's weights; PPO / ZeRO-3 refused by name.
+  Rollouts spread over the ranks (each plays its chunks of a round) give the curve of one process
+  playing the same chunks, and ranks resume from rank 0's checkpoint after iteration 1 onto it (slow,
+  ~45 s).
 
 Timings on 2 cores: each launch ~10 s (two interpreters importing torch + deepspeed), 20-45 s while
 the machine is busy; the whole file ~55 s idle. Nothing is JIT-compiled (trainers.distributed keeps
@@ -275,7 +277,8 @@ def test_rl_on_zero2_ranks_follows_the_single_process_curve_and_rank0_saves(worl
     rl_params = copy.deepcopy(RL)
     rl_params["stages"]["s1"]["asynchronous"] = {"max_staleness": staleness}
     want, want_rows = rl(params_with({"torch_threads": 2, "sft": SFT, "rl": rl_params}), root, tmp_path / "single")
-    params = ds_params(free_port()).model_copy(update={"rl": params_with({"rl": rl_params}).rl})
+    # rank 0 plays every rollout here (the spread rounds: the resume test below)
+    params = ds_params(free_port(), spread_rollouts=False).model_copy(update={"rl": params_with({"rl": rl_params}).rl})
     t0 = time.monotonic()
     got, rows = rl(params, root, tmp_path / "ds", tmp_path / "ckpt")
     print(f"2-rank RL run: {time.monotonic() - t0:.1f} s")
@@ -308,7 +311,7 @@ def test_rl_on_zero2_ranks_follows_the_single_process_curve_and_rank0_saves(worl
 
 def test_rl_on_ranks_refuses_what_it_does_not_do_by_name():
     from agentkiln.config import ComputeParams, RLParams
-    from agentkiln.trainers.rl import check_ranks
+    from agentkiln.trainers.rl import check_ranks, spreads
 
     compute = ComputeParams(device="cpu", backend="deepspeed")
     check_ranks(RLParams(algorithm="grpo"), compute)
@@ -319,14 +322,21 @@ def test_rl_on_ranks_refuses_what_it_does_not_do_by_name():
     # rank 0 plays the rollouts on either backend, synchronous or not (tests/test_vllm_rollout.py: vLLM)
     check_ranks(RLParams(asynchronous={"max_staleness": 1}),
                 ComputeParams(device="cpu", backend="deepspeed", rollout={"backend": "vllm"}))
+    # every rank plays its chunks of synchronous rounds on the in-process engine; otherwise rank 0 plays
+    ranks = ComputeParams(device="cpu", backend="deepspeed")
+    assert spreads(RLParams(), ranks)
+    assert not spreads(RLParams(asynchronous={"max_staleness": 1}), ranks)
+    assert not spreads(RLParams(), ComputeParams(device="cpu", backend="deepspeed", rollout={"backend": "vllm"}))
+    assert not spreads(RLParams(), ComputeParams(device="cpu", backend="deepspeed", deepspeed={"spread_rollouts": False}))
 
 
 @pytest.mark.slow
-def test_rl_ranks_resume_from_rank0s_checkpoint_onto_the_single_process_curve(world, tmp_path):
-    """Ranks stopped after iteration 1 (a run of 1 iteration: its checkpoint stays, the stage is not
-    there to remove it), then ranks of the 2-iteration run under the same checkpoint key: they resume
-    after iteration 1 (weights, optimizer shards, task sampler, minibatch generator) and end on the
-    single process's curve."""
+def test_rl_ranks_spread_rollouts_resume_from_rank0s_checkpoint_onto_the_single_process_curve(world, tmp_path):
+    """Rollouts spread over the ranks (rollout_batch 4: each round is 2 chunks of one task's group,
+    one per rank), ranks stopped after iteration 1 (a run of 1 iteration: its checkpoint stays, the
+    stage is not there to remove it), then ranks of the 2-iteration run under the same checkpoint key:
+    they resume after iteration 1 (weights, optimizer shards, task sampler, minibatch generator) and end
+    on the curve of one process that plays the same chunks itself (trainers.rank_rounds)."""
     from agentkiln.policy import load_policy
     from agentkiln.seeding import seed_everything
     from agentkiln.stages.common import load_split
@@ -335,21 +345,21 @@ def test_rl_ranks_resume_from_rank0s_checkpoint_onto_the_single_process_curve(wo
     from tests.conftest import params_with
 
     root = world[0]
-    single = params_with({"torch_threads": 2, "sft": SFT, "rl": RL})
-    p = single.rl.stage("s1")
+    single = params_with({"torch_threads": 2, "sft": SFT, "rl": RL, "seed": 3})  # seed 3: both iterations train
+    p = single.rl.stage("s1").model_copy(update={"rollout_batch": 4})
     pool = load_split(root / "tasks", "rl")
     seed_everything(single.seed, single.torch_threads)
     policy = load_policy(root / "single", compute=single.compute)
     want = train_rl(policy, load_policy(root / "single", compute=single.compute), pool, root / "tasks", p,
-                    seed=single.seed)
+                    seed=single.seed, spread=True)
 
     def ranks(iterations: int) -> tuple[dict, list[dict]]:
         params = ds_params(free_port())
         compute = distributed.parent_compute(params.compute)
-        seed_everything(params.seed, params.torch_threads)
+        seed_everything(single.seed, params.torch_threads)
         job = {"policy": load_policy(root / "single", compute=compute),
                "ref": load_policy(root / "single", compute=compute), "pool": pool, "tasks_dir": root / "tasks",
-               "p": p.model_copy(update={"iterations": iterations}), "seed": params.seed,
+               "p": p.model_copy(update={"iterations": iterations}), "seed": single.seed,
                "out_dir": tmp_path / f"model{iterations}", "ckpt_dir": tmp_path / "ckpt", "ckpt_key": "same run",
                "desc": "after"}
         rows: list[dict] = []
@@ -362,9 +372,13 @@ def test_rl_ranks_resume_from_rank0s_checkpoint_onto_the_single_process_curve(wo
     assert [r["step"] for r in rows] == [1, 2]  # the checkpoint's iteration logged again, then iteration 2
     got = done["history"]
     assert [r["iteration"] for r in got] == [1, 2]
+    # both ranks played (one process: itself alone), every other rollout metric is the one process's
+    assert [r["rollout/ranks_playing"] for r in got] == [2, 2] and [r["rollout/ranks_playing"] for r in want] == [1, 1]
+    assert all(r["trained_tokens"] > 0 for r in want)
     keys = {"loss", "pg_loss", "kl", "entropy", "grad_norm", "ratio_mean", "clip_frac"}
     for a, b in zip(got, want):
-        assert {k: v for k, v in a.items() if k not in keys} == {k: v for k, v in b.items() if k not in keys}
+        same = lambda row: {k: v for k, v in row.items() if k not in keys | {"rollout/ranks_playing"}}  # noqa: E731
+        assert same(a) == same(b)
     rel = max(abs(a[k] - b[k]) / max(abs(b[k]), FLOOR) for a, b in zip(got, want) for k in keys)
     print(f"resumed 2-rank RL vs single, max relative update-metric difference: {rel:.2e}")
     assert rel < RL_REL_TOL

@@ -51,6 +51,8 @@ class DeepSpeedParams(_Strict):
     offload_params: bool = Field(False, description="ZeRO-3: weights in CPU memory")
     comm_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on cuda, gloo on cpu")
     master_port: int = Field(29511, ge=1024, le=65535, description="rendezvous port on localhost")
+    spread_rollouts: bool = Field(True, description="RL: every rank plays its chunks (rl.rollout_batch episodes) "
+                                  "of each synchronous round on its own weights; false: rank 0 plays them all")
 
 
 class VLLMParams(_Strict):

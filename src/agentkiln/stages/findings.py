@@ -59,8 +59,11 @@ def run_key(params: Params, arm: str, seed: int, tasks_dir: Path, sft_dir: Path)
         files.append(Path(tasks_dir) / "expert_trajectories.parquet")
     else:
         files.append(Path(sft_dir) / MANIFEST_FILE)  # the saved model's files and their sha256
+    # a DeepSpeed-only setting cannot change a one-process run: left out, so adding one keeps the cache
+    compute = params.compute.model_dump(exclude={"deepspeed": {"spread_rollouts"}}
+                                        if params.compute.backend == "single" else None)
     return fingerprint(RESULT_VERSION, resolved(params, arm), seed, params.findings.panels,
-                       params.evaluate.model_dump(), params.compute.model_dump(), files=files)[:16]
+                       params.evaluate.model_dump(), compute, files=files)[:16]
 
 
 def run_path(runs_dir: Path, arm: str, seed: int, key: str) -> Path:

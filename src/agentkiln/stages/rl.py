@@ -6,10 +6,11 @@ the same params, starting model and pool; the checkpoint is removed once every o
 model, the curve, then `outputs`: reports and MLflow logging), never before.
 
 With `compute.backend: deepspeed` the stage launches `compute.deepspeed.num_procs` data-parallel
-ZeRO-2 ranks (trainers.distributed, trainers.rl.rl_rank: the same loop over a rank's engine): rank 0 plays the rollouts and
-broadcasts each iteration's batch, every rank trains on its share of each minibatch; rank 0 relays
-the metrics, writes the checkpoints, measures the pool after and saves the model (LoRA merged).
-PPO (critic), ZeRO-3 and vLLM rollouts are refused on ranks, naming the setting.
+ZeRO-2 ranks (trainers.distributed, trainers.rl.rl_rank: the same loop over a rank's engine): every
+rank plays its chunks of a synchronous round (trainers.rank_rounds), or rank 0 plays them (asynchronous,
+vLLM, or `spread_rollouts: false`); rank 0 broadcasts each iteration's batch, every rank trains on its
+share of each minibatch; rank 0 relays the metrics, writes the checkpoints, measures the pool after
+and saves the model (LoRA merged). PPO (critic) and ZeRO-3 are refused on ranks, naming the setting.
 """
 
 from __future__ import annotations

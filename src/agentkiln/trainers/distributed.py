@@ -373,8 +373,8 @@ class RankEngine:
     micro_batching = False
 
     def __init__(self, rank: Rank, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float):
-        self.rank, self.model = rank, model
-        self.world, self.main = rank.world, rank.main
+        self.ctx, self.model = rank, model  # the Rank this engine runs on
+        self.world, self.rank, self.main = rank.world, rank.rank, rank.main
         self.ds = engine(rank, model, optimizer, max_grad_norm)
 
     def forward(self, fn: Callable, *args, **kwargs) -> Any:
@@ -391,15 +391,28 @@ class RankEngine:
         return float(self.ds.get_global_grad_norm())
 
     def share(self, rows: list[int]) -> tuple[list[int], bool]:
-        return share(rows, self.rank)
+        return share(rows, self.ctx)
 
     def all_sum(self, values: list[float]) -> list[float]:
-        return all_sum(values, self.rank)
+        return all_sum(values, self.ctx)
 
     def broadcast(self, obj: Any) -> Any:
+        self._device()
         msg = [obj if self.main else None]
         torch.distributed.broadcast_object_list(msg, src=0)
         return msg[0]
+
+    def gather(self, obj: Any) -> list | None:
+        self._device()
+        out = [None] * self.world if self.main else None
+        torch.distributed.gather_object(obj, out, dst=0)
+        return out
+
+    def _device(self) -> None:
+        # object collectives stage their bytes on the current CUDA device, which is per thread (rank 0's
+        # synchronous rollouts call these from the rollout thread)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.set_device(self.ctx.device)
 
     def train(self) -> None:
         self.ds.train()
@@ -408,16 +421,16 @@ class RankEngine:
         self.ds.eval()
 
     def weights(self) -> dict | None:
-        return full_state_dict(self.rank, self.ds, self.model)
+        return full_state_dict(self.ctx, self.ds, self.model)
 
     def optimizer_state(self) -> list | None:
-        return optimizer_shards(self.rank, self.ds)
+        return optimizer_shards(self.ctx, self.ds)
 
     def load_optimizer_state(self, state: list) -> None:
         load_optimizer_shards(self.ds, state)
 
     def log(self, metrics: dict, step: int) -> None:
-        self.rank.log(metrics, step)
+        self.ctx.log(metrics, step)
 
 
 class RankFactory:

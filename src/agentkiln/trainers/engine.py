@@ -7,6 +7,7 @@
     engine.step() -> float      clip by the global gradient norm, optimizer step; the norm before clipping
     engine.share(rows)          this rank's rows of a minibatch (and whether it has any of its own)
     engine.all_sum(values)      a sum over ranks;  engine.broadcast(obj): rank 0's object on every rank
+    engine.gather(obj)          every rank's object, in rank order, on rank 0 (None elsewhere)
     engine.weights()            the full weights (rank 0; every rank calls it)
     engine.optimizer_state() / load_optimizer_state(state)   for checkpoints (every rank calls them)
     engine.log(metrics, step)   tracking, from rank 0 alone
@@ -26,6 +27,7 @@ import torch
 
 class Engine(Protocol):
     world: int
+    rank: int
     main: bool
     micro_batching: bool  # a rank's share may be cut into micro-batches (gradients accumulate before a step)
 
@@ -36,6 +38,7 @@ class Engine(Protocol):
     def share(self, rows: list[int]) -> tuple[list[int], bool]: ...
     def all_sum(self, values: list[float]) -> list[float]: ...
     def broadcast(self, obj: Any) -> Any: ...
+    def gather(self, obj: Any) -> list | None: ...
     def train(self) -> None: ...
     def eval(self) -> None: ...
     def weights(self) -> dict | None: ...
@@ -52,6 +55,7 @@ class LocalEngine:
     """One process: the model, a torch optimizer, clipping by the norm of `params`' gradients."""
 
     world = 1
+    rank = 0
     main = True
     micro_batching = True
 
@@ -84,6 +88,9 @@ class LocalEngine:
 
     def broadcast(self, obj: Any) -> Any:
         return obj
+
+    def gather(self, obj: Any) -> list:
+        return [obj]
 
     def train(self) -> None:
         self.model.train()

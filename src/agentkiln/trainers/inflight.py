@@ -63,7 +63,10 @@ def chunk_seed(seed: int, it: int, chunk: int) -> int:
 
 
 def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int) -> list[Episode]:
-    """One round: G episodes per task from the same initial state, on the rollout backend."""
+    """One round: G episodes per task from the same initial state, on the rollout backend (spread over
+    DeepSpeed ranks when it is trainers.rank_rounds.RankRounds)."""
+    if hasattr(rollout, "play_round"):
+        return rollout.play_round(tasks, seed)
     agent = rollout.agent(p.temperature, False, seed, p.rollout_batch, p.decoding, p.max_reply_tokens)
     return run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
                         potentials=needs_potentials(p.reward))

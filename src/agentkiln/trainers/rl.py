@@ -30,10 +30,12 @@ own forward passes (no extra pass). Checkpoints hold what is in flight (its task
 resume is exact in both modes.
 
 The same loop runs on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed; `rl_rank`) over
-a training engine (trainers.engine): rank 0 plays and prepares, every rank gets the batch, `update`
-gives each rank its share of every minibatch's rows with the same share weighting; the same curve to
-float rounding (tests/test_deepspeed.py), with rank 0's rollouts on either backend and asynchronous
-rollouts as on one process. PPO (critic) and ZeRO-3 are refused there (`check_ranks`).
+a training engine (trainers.engine): synchronous rounds are spread over the ranks (each plays its
+chunks on its own live weights: trainers.rank_rounds; `compute.deepspeed.spread_rollouts`), or rank 0
+plays them (asynchronous flights, vLLM, or spread off); rank 0 prepares, every rank gets the batch,
+`update` gives each rank its share of every minibatch's rows with the same share weighting; the same
+curve as one process to float rounding (tests/test_deepspeed.py). PPO (critic) and ZeRO-3 are refused
+there (`check_ranks`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 from agentkiln.trainers.engine import Engine, EngineFactory, local_factory
 from agentkiln.trainers.inflight import InFlight, iteration_seed, play
+from agentkiln.trainers.rank_rounds import RankRounds
 
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
             budget_left: int | None = None, rollout=None, sampler: TaskSampler | None = None,
@@ -366,6 +369,7 @@ def train_rl(
     rollout=None,
     log_episodes: Callable[[int, list[dict]], None] | None = None,
     make_engine: EngineFactory | None = None,
+    spread: bool = False,
 ) -> list[dict]:
     """Train `policy` in place on `pool`; `ref` (the stage's starting policy; None with LoRA: the
     policy with its adapters off) stays frozen. `rollout`: the backend (rollout.backends; default the
@@ -380,7 +384,9 @@ def train_rl(
     (the in-process engine on its whole ZeRO-2 copy of the weights, the same seeds as one process),
     prepares the batch and broadcasts it with the iteration's metrics; every rank trains on its share
     of each minibatch (`update`); rank 0 alone logs and writes checkpoints, which every rank resumes
-    from. What ranks do not do is refused first (`check_ranks`)."""
+    from. What ranks do not do is refused first (`check_ranks`). `spread` (synchronous, in-process
+    engine): every rank plays its chunks of each round instead (trainers.rank_rounds; on one process,
+    the same chunks and seeds played by it alone)."""
     if ref is not None:
         ref.model.eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
@@ -418,9 +424,11 @@ def train_rl(
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
-    flight = offline = None
-    if engine.main:  # the rollouts: rank 0's alone
-        rollout = rollout or HFRollout(policy)
+    flight = offline = rounds = None
+    if spread and not p.asynchronous.max_staleness and (rollout is None or type(rollout) is HFRollout):
+        rounds = RankRounds(rollout or HFRollout(policy), engine, tasks_dir, p)  # each rank on its live weights
+    if engine.main:  # the rollouts: rank 0 deals them (and plays them all unless spread)
+        rollout = rounds or rollout or HFRollout(policy)
         if p.asynchronous.max_staleness and type(rollout) is HFRollout:
             rollout = SnapshotRollout(policy)  # the live weights change while the next rollouts play
         flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy)
@@ -440,6 +448,10 @@ def train_rl(
                     logged.append((it + 1, sample))
                     if log_episodes:
                         log_episodes(it + 1, sample)
+                if rounds is not None:
+                    payload[3]["rollout/ranks_playing"] = rounds.finish()
+            elif rounds is not None:
+                rounds.serve()  # this rank's chunks of every round rank 0 deals
             batch, values, returns, row = engine.broadcast(payload)  # one process: the same objects
             played = row["episodes"]
             if batch is not None and batch.rows:
@@ -511,8 +523,14 @@ def check_ranks(p: RLParams, compute) -> None:
         raise ValueError(f"rl: algorithm = {p.algorithm} with compute.backend = deepspeed: the critic is not trained "
                          f"on ranks; use a critic-free algorithm ({free}) or backend single")
     if compute.deepspeed.zero_stage == 3:
-        raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: rank 0 plays the "
-                         "rollouts on its own whole copy of the weights, which ZeRO-3 shards; use zero_stage 2")
+        raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: the ranks play the "
+                         "rollouts on their own whole copies of the weights, which ZeRO-3 shards; use zero_stage 2")
+
+
+def spreads(p: RLParams, compute) -> bool:
+    """Whether every rank plays its chunks of each round (trainers.rank_rounds): synchronous rounds on
+    the in-process engine; asynchronous flights and a vLLM engine stay rank 0's."""
+    return compute.deepspeed.spread_rollouts and compute.rollout.backend == "hf" and not p.asynchronous.max_staleness
 
 
 def rl_rank(rank, job: dict) -> dict | None:
@@ -525,12 +543,21 @@ def rl_rank(rank, job: dict) -> dict | None:
     p = job["p"]
     check_ranks(p, rank.compute)
     factory = distributed.RankFactory(rank)
-    # rank 0 plays every rollout, on the backend compute.rollout names (vLLM: its engine, synced from rank 0)
+    spread = spreads(p, rank.compute)
+    if rank.main and rank.world > 1:
+        chunks = -(-p.tasks_per_iter // max(1, p.rollout_batch // p.group_size))
+        print(f"rl: every rank plays its chunks of each round ({chunks} chunk(s) of rl.rollout_batch {p.rollout_batch} "
+              f"episodes over {rank.world} ranks)" if spread else "rl: rank 0 plays the rollouts (" + (
+              "compute.deepspeed.spread_rollouts is off" if not rank.compute.deepspeed.spread_rollouts else
+              "asynchronous: its flights overlap the update" if p.asynchronous.max_staleness else
+              "on the vLLM engine") + ")")
+    # rank 0 deals every rollout and plays them on the backend compute.rollout names (vLLM: its engine,
+    # synced from rank 0), or, spread, every rank plays its chunks on its own live weights
     backend = open_rollout(policy, rank.compute, seed=job["seed"], lora=p.lora.enabled) if rank.main \
         else contextlib.nullcontext()
     with backend as rollout:
         history = train_rl(policy, ref, job["pool"], job["tasks_dir"], p, job["seed"], ckpt_dir=job["ckpt_dir"],
-                           ckpt_key=job["ckpt_key"], rollout=rollout, make_engine=factory)
+                           ckpt_key=job["ckpt_key"], rollout=rollout, make_engine=factory, spread=spread)
     weights = factory.engine.weights()  # every rank takes part
     if not rank.main:
         return None
