@@ -29,7 +29,6 @@ import copy
 import json
 import os
 import platform
-import socket
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from agentkiln.config import load_params
 from agentkiln.policy import load_policy
 from agentkiln.policy.model import place
 from agentkiln.seeding import seed_everything
+from agentkiln.servers import free_port
 from agentkiln.stages.common import load_split
 from agentkiln.trainers import distributed
 from agentkiln.trainers.inflight import InFlight
@@ -75,12 +75,6 @@ def timed_rank(rank, job: dict) -> dict | None:
             "rollout_success": round(sum(h["success"] for h in history) / len(history), 4),
             "trained_tokens": sum(h.get("trained_tokens", 0) for h in history),
             "episode_tokens_mean": round(sum(h["episode_tokens"] for h in history) / len(history), 1)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> None:
