@@ -546,8 +546,11 @@ def rl_rank(rank, job: dict) -> dict | None:
     spread = spreads(p, rank.compute)
     if rank.main and rank.world > 1:
         chunks = -(-p.tasks_per_iter // max(1, p.rollout_batch // p.group_size))
+        idle = "" if chunks >= rank.world else (
+            f"; {rank.world - chunks} rank(s) idle: rl.rollout_batch "
+            f"{max(p.group_size, p.tasks_per_iter * p.group_size // rank.world)} gives every rank a chunk")
         print(f"rl: every rank plays its chunks of each round ({chunks} chunk(s) of rl.rollout_batch {p.rollout_batch} "
-              f"episodes over {rank.world} ranks)" if spread else "rl: rank 0 plays the rollouts (" + (
+              f"episodes over {rank.world} ranks{idle})" if spread else "rl: rank 0 plays the rollouts (" + (
               "compute.deepspeed.spread_rollouts is off" if not rank.compute.deepspeed.spread_rollouts else
               "asynchronous: its flights overlap the update" if p.asynchronous.max_staleness else
               "on the vLLM engine") + ")")
