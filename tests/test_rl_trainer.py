@@ -415,6 +415,37 @@ def test_rollout_mismatch_and_truncated_importance_weights_by_hand():
     assert off.tolist() == [1.0] * 4 and "mismatch/tis_weight_mean" not in stats
 
 
+def test_the_scoring_passes_cover_only_the_rows_trained(lake_pool, texts):
+    # 3 groups of 4; only group 1's returns vary (one episode wins): its 4 rows are the batch, and the
+    # recomputation (rollout from elsewhere) and the KL reference score those rows alone; turns of the
+    # dropped rows keep advantage 0 and no trainer log-prob
+    tasks, tasks_dir = lake_pool
+    pol, ref = policy(texts), policy(texts, seed=1)
+    p = RLParams(tasks_per_iter=3, group_size=4, max_turns=4, kl_coef=0.1, tis_cap=2.0)
+    eps, _, _ = trainer.collect(pol, tasks, tasks_dir, p, random.Random(0), seed=0)
+    for ep in eps:
+        for turn in ep.turns:
+            turn.reward = 0.0
+    winner = next(ep for ep in eps if ep.group == 1)
+    winner.turns[-1].reward = 1.0
+    scored: dict[str, int] = {"policy": 0, "ref": 0}
+    for name, pl in (("policy", pol), ("ref", ref)):
+        pl.model.get_input_embeddings().register_forward_hook(
+            lambda mod, args, out, name=name: scored.__setitem__(name, scored[name] + args[0].shape[0]))
+    full = build_batch(eps, pol.pad_id)
+    batch, _, _, stats = trainer.prepare(pol, ref, None, eps, p, recompute=True)
+    trained = [e for e, ep in enumerate(eps) if ep.group == 1]
+    assert full.rows == 12 and batch.rows == 4 and sorted(batch.episode.tolist()) == trained
+    assert scored == {"policy": 4, "ref": 4}
+    assert stats["mismatch/abs_logp_diff"] < 1e-5  # the same weights sampled them
+    for e, ep in enumerate(eps):
+        for turn in ep.turns:
+            if e in trained:
+                assert turn.trainer_logp is not None and turn.advantage != 0.0
+            else:
+                assert turn.trainer_logp is None and turn.advantage == 0.0
+
+
 def test_prepare_recomputes_old_logprobs_and_weights_advantages_when_the_rollout_came_from_elsewhere(lake_pool, texts):
     # episodes as if another engine had sampled them 0.3 nats likelier than the trainer scores them:
     # old log-probs become the trainer's, the mismatch is measured, and TIS scales every advantage by

@@ -23,12 +23,16 @@ def per_turn_sum(batch: Batch, column: torch.Tensor, dtype: torch.dtype = torch.
                                                                batch.flat(column).to(dtype))
 
 
-def annotate(batch: Batch, episodes: list[Episode], trainer_logp: torch.Tensor | None = None) -> None:
-    """Write each turn's mean token advantage (and summed recomputed log-prob) onto the episode's turns."""
+def annotate(batch: Batch, episodes: list[Episode], trainer_logp: torch.Tensor | None = None,
+             kept_only: bool = False) -> None:
+    """Write each turn's mean token advantage (and summed recomputed log-prob) onto the episode's turns;
+    `kept_only`: the batch is a selection of rows, and turns of the rows it dropped keep theirs."""
     counts = per_turn_sum(batch, batch.loss_mask)
     adv = per_turn_sum(batch, batch.advantages) / counts.clamp(min=1)
     lp = None if trainer_logp is None else per_turn_sum(batch, trainer_logp)
     for i, (e, k) in enumerate(batch.turns):
+        if kept_only and counts[i] == 0:
+            continue
         turn = episodes[e].turns[k]
         turn.advantage = float(adv[i])
         if lp is not None:

@@ -174,13 +174,23 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     signal and are dropped (not with a critic: it still learns from them). `recompute`: the replies
     came from another engine, so PPO's old log-probs are the trainer's recomputation (verl's
     old_log_prob) and, with `tis_cap`, each token's advantage is scaled by its truncated importance
-    weight (the same as weighting its loss: the clipped surrogate is linear in A for a weight > 0)."""
+    weight (the same as weighting its loss: the clipped surrogate is linear in A for a weight > 0).
+    Without a critic or `kl_in_reward` the rows are dropped first, so the recomputation, its mismatch
+    statistics and the reference's log-probs cover the rows trained."""
     batch = build_batch(episodes, policy.pad_id)
     micro = p.micro_batch_size or p.minibatch_size
     stats: dict = {}
-    tis = trainer_logp = None
+    tis = trainer_logp = returns = None
     cap = p.tis_cap
     a = p.asynchronous
+    # without a critic or a KL penalty in the reward the advantages need no log-probs: computed first,
+    # the rows without any are dropped before the scoring passes below (about half a batch), which
+    # then score only the rows trained
+    early = critic is None and not p.kl_in_reward
+    if early:
+        batch.advantages, returns = advantages(batch, episodes, p, None, None, rewards)
+        episode_log.annotate(batch, episodes)
+        batch = with_signal(batch)
     if recompute and not bypassed(p):
         trainer_logp = score(policy, batch, p.temperature, micro)
         if a.max_staleness:  # the behaviour policy lags the trainer: the chosen off-policy correction
@@ -199,14 +209,21 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
             values = critic.values(batch, micro)
     else:
         values = None
-    batch.advantages, returns = advantages(batch, episodes, p, token_kl, values, rewards)
+    if not early:
+        batch.advantages, returns = advantages(batch, episodes, p, token_kl, values, rewards)
     if tis is not None and cap is not None:
         batch.advantages[batch.loss_mask] = batch.flat(batch.advantages) * tis
-    episode_log.annotate(batch, episodes, trainer_logp)
-    if critic is None:
-        signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
-        batch = batch.select(signal.nonzero().squeeze(-1))
+    if not early or trainer_logp is not None:
+        episode_log.annotate(batch, episodes, trainer_logp, kept_only=early)
+    if critic is None and (not early or tis is not None):  # masked IS can leave a row without advantage
+        batch = with_signal(batch)
     return batch, values, returns, stats
+
+
+def with_signal(batch: Batch) -> Batch:
+    """The rows with a nonzero advantage on some reply token: the others carry no signal."""
+    signal = ((batch.advantages != 0) & batch.loss_mask).any(1)
+    return batch.select(signal.nonzero().squeeze(-1))
 
 
 def _seq_count(seq: torch.Tensor) -> int:
