@@ -10,7 +10,7 @@ import pytest
 from agentkiln.envs import Observation, StepResult, TaskSpec, make
 from agentkiln.envs.textworld_env import clean
 from agentkiln.synthesis import resolve
-from agentkiln.synthesis.textworld_games import candidate
+from agentkiln.synthesis.textworld_games import SERIAL, SERIAL_AT, candidate
 
 GARBAGE = ["", "xyzzy", "go" * 1000, "\x00\n;rm -rf /", "Go East", "  take coin ", "été ☃ 🎲", "examine coin"]
 
@@ -27,6 +27,8 @@ def games(tmp_path_factory):
     data = dict(tasks["coin"].data)
     assert set(data.pop("file_sha256")) == {"games/tw-7.z8", "games/tw-7.json"}  # sealed (tests/test_game_files.py)
     assert data == {"game": "coin_collector", "game_file": "games/tw-7.z8", "level": 105}
+    # the story file's serial is fixed, not the day it was compiled: the same bytes on every day
+    assert all((root / "games" / f"tw-{seed}.z8").read_bytes()[SERIAL_AT] == SERIAL for _, seed in specs.values())
     return root, tasks
 
 

@@ -69,9 +69,20 @@ def check(knobs: dict) -> None:
 _INSTALL = os.path.dirname(os.path.dirname(os.path.abspath(textworld.__file__))) + os.sep
 
 
+# Inform stamps the day it compiles a story file into its header as the serial number (bytes 0x12 to
+# 0x17, YYMMDD), so the same game compiled on another day had other bytes, another sealed hash and
+# other panel digests. Every game gets this one serial instead: the day the committed data were
+# compiled, so their hashes stand. The header's checksum covers bytes 0x40 on, not the serial.
+SERIAL = b"261127"
+SERIAL_AT = slice(0x12, 0x18)
+
+
 def _compile(game, opts: textworld.GameOptions) -> Path:
     out = Path(textworld.generator.compile_game(game, opts))
     out.with_suffix(".ni").unlink(missing_ok=True)  # Inform 7 source: not needed to play
+    story = bytearray(out.read_bytes())
+    story[SERIAL_AT] = SERIAL
+    out.write_bytes(bytes(story))
     meta = out.with_suffix(".json")
     if meta.is_file():
         meta.write_text(meta.read_text().replace(json.dumps(_INSTALL)[1:-1], ""))
