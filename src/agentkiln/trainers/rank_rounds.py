@@ -52,10 +52,13 @@ class RankRounds:
     def agent(self, *args, **kwargs):
         return self.rollout.agent(*args, **kwargs)
 
+    def chunks(self, tasks: list[TaskSpec]) -> int:
+        return -(-len(tasks) // self.per)
+
     def _play_mine(self, tasks: list[TaskSpec], seed: int) -> dict[int, list[Episode]]:
         p, world, rank = self.p, self.engine.world, self.engine.rank
         out = {}
-        n = -(-len(tasks) // self.per)
+        n = self.chunks(tasks)
         for c in range(rank, n, world):
             agent = self.rollout.agent(p.temperature, False, round_chunk_seed(seed, c), p.rollout_batch, p.decoding,
                                        p.max_reply_tokens)
@@ -66,7 +69,7 @@ class RankRounds:
     def play_round(self, tasks: list[TaskSpec], seed: int) -> list[Episode]:
         """Rank 0: one round's episodes, every rank playing its chunks; groups numbered in task order."""
         self.engine.broadcast((tasks, seed))
-        n = -(-len(tasks) // self.per)
+        n = self.chunks(tasks)
         out: list[Episode] = []
         for r, part in enumerate(self.engine.gather(self._play_mine(tasks, seed))):
             for c, episodes in part.items():
