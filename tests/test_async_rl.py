@@ -44,8 +44,13 @@ def run(texts, lake_pool, p, **kw):
     return trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=3, **kw), pol
 
 
+def recomputed(p: RLParams) -> RLParams:
+    """`p` with the proximal policy's log-probs recomputed by a forward pass before the update."""
+    return p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"proximal": "recompute"})})
+
+
 def test_staleness_one_plays_each_batch_one_version_behind_within_the_bound_deterministically(lake_pool, texts):
-    hist, pol = run(texts, lake_pool, params(1))
+    hist, pol = run(texts, lake_pool, recomputed(params(1)))
     assert [h["async/staleness"] for h in hist] == [0, 1, 1, 1]  # the first iteration has nothing in flight
     # the trainer recomputed every batch under its own weights: the first is the same weights (float
     # noise of a batched vs an incremental forward), later ones one update behind, so they differ
@@ -148,6 +153,67 @@ def test_correction_none_recomputes_nothing_and_measures_the_mismatch_on_the_upd
     assert hist[0]["mismatch/abs_logp_diff"] < 1e-4  # the first batch was played on the trainer's weights
     assert all(h["mismatch/abs_logp_diff"] > 1e-3 for h in hist[1:] if h["trained_tokens"]), hist
     assert all("mismatch/tis_weight_mean" not in h and "mismatch/alarm" in h for h in hist if h["trained_tokens"])
+
+
+def test_the_loglinear_proximal_policy_by_hand():
+    """log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = lag / (lag + steps): AReaL's
+    loglinear interpolation with versions counted in optimizer steps."""
+    from agentkiln.algos.losses import loglinear_proximal
+
+    behaviour = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    theta = torch.tensor([-1.5, -2.2, -0.5, -1.0], requires_grad=True)
+    lag = torch.tensor([3.0, 1.0, 0.0, 2.0])
+    # the update's first minibatch: pi_theta is the proximal policy itself wherever the behaviour lags
+    first = loglinear_proximal(behaviour, theta, lag, steps=0)
+    assert first.tolist() == pytest.approx([-1.5, -2.2, -0.5, -1.0])
+    assert not first.requires_grad  # a constant of the loss
+    # after 1 step: alpha = 3/4, 1/2, 0 (a fresh token: its behaviour policy is the proximal one), 2/3
+    later = loglinear_proximal(behaviour, theta, lag, steps=1)
+    assert later.tolist() == pytest.approx([-1.0 + 0.75 * -0.5, -2.0 + 0.5 * -0.2, -0.5, -3.0 + 2 / 3 * 2.0])
+
+
+def test_loglinear_skips_the_recomputation_and_equals_it_on_one_minibatch(lake_pool, texts, monkeypatch):
+    """`proximal: loglinear` (the default) runs no scoring pass before the update; with one minibatch per
+    update (the proximal policy is the trainer's weights at the one forward pass) it trains what the
+    recomputation trains, to float noise; the mismatch is measured on the update's forward passes."""
+    calls = []
+    real = trainer.score
+    monkeypatch.setattr(trainer, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    p = params(1, kl_coef=0.0).model_copy(update={"minibatch_size": 8})
+    assert p.asynchronous.proximal == "loglinear"
+    hist, pol = run(texts, lake_pool, p)
+    assert calls == []  # no recomputation pass (and kl_coef 0: no reference pass)
+    assert [h["async/staleness"] for h in hist] == [0, 1, 1, 1]
+    assert [h["optimizer_steps"] for h in hist if h["trained_tokens"]] == [1] * sum(1 for h in hist if h["trained_tokens"])
+    assert hist[0]["mismatch/abs_logp_diff"] < 1e-4
+    assert all(h["mismatch/abs_logp_diff"] > 1e-3 and "mismatch/is_weight_mean" in h for h in hist[1:] if h["trained_tokens"])
+    again, pol_r = run(texts, lake_pool, recomputed(p))
+    assert len(calls) == 4  # one recomputation per iteration
+    for a, b in zip(hist, again):
+        assert a["episodes"] == b["episodes"] and a["success"] == b["success"]
+        for key in ("pg_loss", "clip_frac", "ratio_mean", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (key, a, b)
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(pol.model.parameters(), pol_r.model.parameters()))
+
+
+def test_loglinear_interpolates_over_an_updates_minibatches_and_resumes_exactly(lake_pool, texts, tmp_path):
+    """With two minibatches per update the second one's proximal log-probs are interpolated (so the run
+    differs from the recomputation's), and a resumed run counts the same optimizer steps: the same history."""
+    p = params(1)  # minibatch_size 4, 8 episodes per iteration: 2 steps per update where every row trains
+    straight, pol_a = run(texts, lake_pool, p)
+    recomputed_run, _ = run(texts, lake_pool, recomputed(p))
+    assert any(h["optimizer_steps"] == 2 for h in straight)
+    assert [h["pg_loss"] for h in straight] != [h["pg_loss"] for h in recomputed_run]
+
+    def kill_at_2(row, step):
+        if step == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(texts, lake_pool, p.model_copy(update={"checkpoint_every": 1}), log=kill_at_2, ckpt_dir=tmp_path, ckpt_key="k")
+    resumed, pol_b = run(texts, lake_pool, p.model_copy(update={"checkpoint_every": 1}), ckpt_dir=tmp_path, ckpt_key="k")
+    assert resumed == straight
+    assert all(torch.equal(a, b) for a, b in zip(pol_a.model.parameters(), pol_b.model.parameters()))
 
 
 KILLED_TRAINER = """

@@ -424,13 +424,25 @@ class AsyncParams(_Strict):
         "none: no extra pass, PPO's ratio against the behaviour log-probs (verl's bypass mode), the mismatch "
         "measured on the update's own forward passes")
     is_cap: float = Field(2.0, ge=1, le=1e4, description="the importance weight's cap (decoupled) or band (masked)")
+    proximal: Literal["recompute", "loglinear"] = Field(
+        "loglinear", description="how decoupled / masked get the proximal policy's log-probs: recompute (a forward "
+        "pass over the batch before the update) or loglinear (AReaL's prox_logp_method: no pass; each token's "
+        "log pi_prox = log pi_behaviour + alpha (log pi_theta - log pi_behaviour) from the update's own forward, "
+        "alpha = (v_prox - v_behaviour) / (v_theta - v_behaviour) with versions counted in optimizer steps: exact on "
+        "an update's first minibatch and on fresh episodes). The in-process engine's rollouts only: vLLM's (other "
+        "kernels) and a harness's offline episodes are always recomputed")
     worker: Literal["process", "thread", "ray"] = Field(
         "process", description="who plays the next iteration with the in-process engine: a rollout process with "
         "its own copy of the weights (shared memory) on one torch thread, the trainer playing the chunks it has "
         "not claimed once its update is done (the trainer then trains on one thread fewer); Ray actors "
         "(compute.ray.enabled), each with its own copy, a flight's weights sent once through Ray's object store; "
-        "or a thread of the trainer's process (vLLM rollouts always use a thread). Chunks are rollout_batch "
+        "or a thread of the trainer's process (vLLM rollouts always use a thread). Chunks are chunk_episodes "
         "episodes (whole groups), each with its own seed: the same bytes whoever plays them")
+    chunk_episodes: int | None = Field(
+        None, ge=1, le=65536, description="episodes per chunk of a flight played by the in-process engine (whole "
+        "groups; null: rl.rollout_batch): small chunks let the rollout process and the trainer share a flight "
+        "once the update is done, so neither waits long for the other (on 2 CPU cores one group per chunk is "
+        "fastest, bench/async_speed.py); vLLM's flights always use rollout_batch (it batches them itself)")
     processes: int = Field(1, ge=1, le=256, description="rollout processes (worker: process) or Ray actors (worker: "
                            "ray); each takes a torch thread from the trainer's, so keep processes < torch_threads "
                            "where cores are few")

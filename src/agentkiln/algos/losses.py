@@ -141,6 +141,18 @@ def entropy_bonus(
 
 
 # --------------------------------------------------------------------------- registered by name (rl.policy_loss)
+def loglinear_proximal(behaviour_logp: torch.Tensor, logp: torch.Tensor, lag: torch.Tensor, steps: int) -> torch.Tensor:
+    """The proximal policy's log-probs without a forward pass of their own (AReaL's `prox_logp_method:
+    loglinear`): log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = (v_prox - v_b) /
+    (v_theta - v_b). Versions count optimizer steps: `lag` = v_prox - v_b per token (0: the behaviour
+    policy is the proximal one), `steps` = v_theta - v_prox, the steps this update has taken. So alpha is
+    1 on an update's first minibatch (pi_theta is pi_prox: exact) and 0 for a lag of 0 (exact); between,
+    the log-probs move linearly in the steps. `logp` is detached: the proximal policy is a constant."""
+    lag = lag.to(logp.dtype)
+    alpha = torch.where(lag > 0, lag / (lag + steps), torch.zeros_like(lag))
+    return behaviour_logp + alpha * (logp.detach() - behaviour_logp)
+
+
 @register_policy_loss("ppo", token_level=True)
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, seq_ids: torch.Tensor, p) -> tuple[torch.Tensor, dict]:
     """rl.policy_loss ppo: `ppo_clip` with the stage's clip range, dual clip and aggregation."""

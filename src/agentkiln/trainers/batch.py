@@ -8,6 +8,8 @@
     turn_index  [R, T]   which turn (index into `turns`) each reply token belongs to, -1 elsewhere
     episode     [R]      which episode each row belongs to
     advantages, ref_logp, values [R, T]: filled by credit assignment / the reference model
+    lag         [R]      optimizer steps from the behaviour policy to the proximal one (asynchronous RL's
+                         loglinear proximal policy; None: the old log-probs are the proximal policy's)
 
 Every column is built once per iteration, on the CPU; losses read columns and minibatches slice
 rows; a minibatch moves to the model's device (`to`) right before its forward pass.
@@ -34,6 +36,7 @@ class Batch:
     turns: list[tuple[int, int]]  # (episode, turn) of every turn index
     advantages: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    lag: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -5,8 +5,9 @@ weights, in a worker thread the trainer waits for: the same bytes as playing in 
 
 Asynchronous (`max_staleness: k`) the iterations up to k ahead are launched on a snapshot of the
 weights before this iteration's update, so their rollouts overlap the update. Its tasks are cut into chunks of
-`rollout_batch` episodes (whole groups), each with a seed of its own: an episode depends on its
-chunk alone, never on who played it or when, so a run is deterministic whatever the timing.
+`asynchronous.chunk_episodes` episodes (whole groups; vLLM: `rollout_batch`), each with a seed of its own:
+an episode depends on its chunk alone, never on who played it or when, so a run is deterministic
+whatever the timing.
 
 - `worker: process` (the in-process engine): `asynchronous.processes` rollout processes
   (`RolloutProcess`), each on one torch thread, play on one copy of the model in shared memory into
@@ -72,8 +73,11 @@ def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int
                         potentials=needs_potentials(p.reward))
 
 
-def tasks_per_chunk(p: RLParams) -> int:
-    return max(1, p.rollout_batch // p.group_size)
+def tasks_per_chunk(p: RLParams, rollout=None) -> int:
+    """Tasks per chunk of an asynchronous flight: `asynchronous.chunk_episodes` on the in-process engine's
+    snapshot, else (vLLM, which batches a chunk itself) `rollout_batch` episodes; whole groups."""
+    size = p.asynchronous.chunk_episodes if isinstance(rollout, SnapshotRollout) else None
+    return max(1, (size or p.rollout_batch) // p.group_size)
 
 
 def joined(parts: list[list[Episode]], per: int) -> list[Episode]:
@@ -302,7 +306,7 @@ class InFlight:
             return
         if weights is None:
             weights = self._snapshot()
-        per = tasks_per_chunk(self.p)
+        per = tasks_per_chunk(self.p, self.rollout)
         parts = [tasks[i : i + per] for i in range(0, len(tasks), per)]
         seeds = [chunk_seed(self.seed, it, c) for c in range(len(parts))]
         self.flights += 1
@@ -359,7 +363,7 @@ class InFlight:
             if j not in self.pending:  # on the weights before this iteration's update
                 weights = weights or self._snapshot()
                 self._launch(j, version=it, weights=weights)
-        return joined(out, tasks_per_chunk(self.p)), flight.version
+        return joined(out, tasks_per_chunk(self.p, self.rollout)), flight.version
 
     def state(self) -> list[dict]:
         """What a checkpoint keeps of the flights: each one's iteration, version, tasks and weights."""

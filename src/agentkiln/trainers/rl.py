@@ -50,7 +50,7 @@ import torch
 from tqdm import tqdm
 
 from agentkiln.algos import registry
-from agentkiln.algos.losses import aggregate, entropy_bonus, kl_penalty
+from agentkiln.algos.losses import aggregate, entropy_bonus, kl_penalty, loglinear_proximal
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
 from agentkiln.policy import lora, save_policy
@@ -167,7 +167,7 @@ def bypassed(p: RLParams) -> bool:
 
 
 def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes: list[Episode], p: RLParams,
-            recompute: bool = False, rewards: RewardState | None = None
+            recompute: bool = False, rewards: RewardState | None = None, lags: dict[int, int] | None = None
             ) -> tuple[Batch, torch.Tensor | None, torch.Tensor | None, dict]:
     """The iteration's batch with its advantage (and reference log-prob) columns; the critic's values
     and targets per turn (PPO); mismatch stats. Rows whose tokens all have zero advantage carry no
@@ -176,7 +176,10 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
     old_log_prob) and, with `tis_cap`, each token's advantage is scaled by its truncated importance
     weight (the same as weighting its loss: the clipped surrogate is linear in A for a weight > 0).
     Without a critic or `kl_in_reward` the rows are dropped first, so the recomputation, its mismatch
-    statistics and the reference's log-probs cover the rows trained."""
+    statistics and the reference's log-probs cover the rows trained. `lags` (asynchronous, `proximal:
+    loglinear`: optimizer steps from each policy version that played to the trainer's weights) replaces
+    the recomputation: each row carries its episode's lag and `update` interpolates the proximal
+    log-probs from its own forward passes."""
     batch = build_batch(episodes, policy.pad_id)
     micro = p.micro_batch_size or p.minibatch_size
     stats: dict = {}
@@ -191,7 +194,9 @@ def prepare(policy: Policy, ref: Policy | None, critic: Critic | None, episodes:
         batch.advantages, returns = advantages(batch, episodes, p, None, None, rewards)
         episode_log.annotate(batch, episodes)
         batch = with_signal(batch)
-    if recompute and not bypassed(p):
+    if lags is not None and all(ep.policy_version in lags for ep in episodes):
+        batch.lag = torch.tensor([lags[episodes[int(e)].policy_version] for e in batch.episode], dtype=torch.float32)
+    elif recompute and not bypassed(p):
         trainer_logp = score(policy, batch, p.temperature, micro)
         if a.max_staleness:  # the behaviour policy lags the trainer: the chosen off-policy correction
             cap = a.is_cap
@@ -256,7 +261,8 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
     token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level  # share of tokens, else of sequences
-    measure = bypassed(p)
+    measure = bypassed(p) or batch.lag is not None  # no recomputation: the mismatch seen by the update
+    steps = 0  # optimizer steps this update has taken (the loglinear proximal policy's v_theta - v_prox)
     engine.train()
     for epoch in range(p.ppo_epochs):
         order = torch.randperm(batch.rows, generator=gen).tolist()
@@ -272,12 +278,14 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
             for k in range(0, part.rows, size):
                 micro = part.select(rows[k : k + size])
                 share = (micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq) if active else 0.0
-                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world, measure and epoch == 0).items():
+                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world, measure and epoch == 0,
+                                          steps).items():
                     acc[key] += v * share
             keys = sorted(acc)
             for key, v in zip(keys, engine.all_sum([acc[key] for key in keys])):
                 stats[key].append(v)
             stats["grad_norm"].append(engine.step())
+            steps += 1
             if critic is not None:
                 critic.train()
                 critic_opt.zero_grad(set_to_none=True)
@@ -292,25 +300,36 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), p.max_grad_norm)
                 critic_opt.step()
     engine.eval()
-    return {k: sum(v) / len(v) for k, v in stats.items() if v}
+    return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"optimizer_steps": steps}
 
 
 def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weight: float,
-                mismatch: bool = False) -> dict:
+                mismatch: bool = False, steps: int = 0) -> dict:
     """Backpropagate one micro-batch's loss times `weight` (its share of the minibatch times the world)
     through the engine; return its stats (`mismatch`: also the behaviour / trainer mismatch of its
-    tokens, the trainer's log-probs being this forward pass's: bypassed asynchronous RL).
+    tokens, the trainer's log-probs being this forward pass's: bypassed asynchronous RL, or the loglinear
+    proximal policy, interpolated here after `steps` optimizer steps of this update and corrected for as
+    `asynchronous.correction` says: decoupled weights each token's advantage by min(pi_prox / pi_b,
+    is_cap), masked drops the tokens outside [1 / is_cap, is_cap]).
 
     loss = policy loss + kl_coef * agg(KL to the reference) (unless folded into the rewards)
            - entropy_coef * agg(token entropy), every term reduced by `loss_agg`."""
     micro = micro.to(policy.device)
     with policy.autocast():
         logp, entropy = engine.forward(token_logprobs, micro, p.temperature)
-    old, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
+    behaviour, adv, seq = micro.flat(micro.old_logp), micro.flat(micro.advantages), micro.seq_ids()
+    old, corr = behaviour, {}
+    if micro.lag is not None:  # PPO's ratio against the interpolated proximal policy, its gap to the behaviour corrected
+        old = loglinear_proximal(behaviour, logp, micro.lag[:, None].expand_as(micro.loss_mask)[micro.loss_mask], steps)
+        w = (old - behaviour).float().exp()
+        cap = p.asynchronous.is_cap
+        w = ((w <= cap) & (w >= 1 / cap)).to(adv.dtype) if p.asynchronous.correction == "masked" else w.clamp(max=cap)
+        adv = adv * w
+        corr = {"mismatch/is_weight_mean": float(w.mean()) if len(w) else 1.0}
     norm_len = float(p.loss_agg_norm_len)
     pg, info = registry.policy_loss(p.policy_loss).fn(logp, old, adv, seq, p)
     loss = pg
-    stats = {"pg_loss": float(pg.detach()), "clip_frac": info["clip_frac"], "ratio_mean": info["ratio_mean"]}
+    stats = {"pg_loss": float(pg.detach()), "clip_frac": info["clip_frac"], "ratio_mean": info["ratio_mean"]} | corr
     if micro.ref_logp is not None:
         kl = aggregate(kl_penalty(logp, micro.flat(micro.ref_logp), p.kl_estimator), p.loss_agg, seq, norm_len)
         stats["kl"] = float(kl.detach())
@@ -320,7 +339,7 @@ def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weigh
     if p.entropy_coef > 0:
         loss = loss + entropy_bonus(entropy, p.entropy_coef, p.loss_agg, seq, norm_len)
     if mismatch:  # every rank has the keys (their stats are summed over ranks)
-        stats |= mismatch_stats(logp.detach().float() - old.float())
+        stats |= mismatch_stats(logp.detach().float() - behaviour.float())
     engine.backward(loss * weight)
     return stats | {"loss": float(loss.detach()), "entropy": float(ent.detach())}
 
@@ -460,7 +479,7 @@ def train_rl(
             payload = None
             if engine.main:
                 payload, sample = _iteration(it, flight, policy, ref, critic, pool, tasks_dir, p, rng, seed, played,
-                                             sampler, rewards, total, offline)
+                                             sampler, rewards, total, offline, _steps_at(history))
                 if sample:
                     logged.append((it + 1, sample))
                     if log_episodes:
@@ -496,10 +515,28 @@ def train_rl(
     return history
 
 
+def _steps_at(history: list[dict]) -> list[int]:
+    """The optimizer steps taken before each iteration's update: the trainer's version in steps."""
+    out = [0]
+    for row in history:
+        out.append(out[-1] + int(row.get("optimizer_steps", 0)))
+    return out
+
+
+def loglinear_lags(p: RLParams, rollout, it: int, steps_at: list[int]) -> dict[int, int] | None:
+    """For `proximal: loglinear`, the optimizer steps from each policy version that may have played
+    iteration `it` to the trainer's weights; None where the proximal log-probs are recomputed: synchronous,
+    `correction: none` (no proximal policy), vLLM (its log-probs come from other kernels)."""
+    a = p.asynchronous
+    if not a.max_staleness or a.correction == "none" or a.proximal != "loglinear" or type(rollout) is not SnapshotRollout:
+        return None
+    return {v: steps_at[it] - steps_at[v] for v in range(max(0, it - a.max_staleness), it + 1)}
+
+
 def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, critic: Critic | None,
                pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int, played: int,
-               sampler: TaskSampler, rewards: RewardState, total: int, offline: OfflineFeed | None = None
-               ) -> tuple[tuple, list[dict]]:
+               sampler: TaskSampler, rewards: RewardState, total: int, offline: OfflineFeed | None = None,
+               steps_at: list[int] | None = None) -> tuple[tuple, list[dict]]:
     """Rank 0's part of iteration `it`: its episodes (from the flight, within the staleness bound; with
     `offline`, a collected split's next episodes beside them), their batch with advantages and the
     iteration's metrics row (batch, values, returns, row: what every rank gets), and the sample of its
@@ -524,8 +561,10 @@ def _iteration(it: int, flight: InFlight, policy: Policy, ref: Policy | None, cr
     if extra:  # trained on, not observed: the sampler and reward state track the pool's tasks
         episodes = episodes + extra
         info = info | {"offline/episodes": len(extra), "offline/success": sum(e.won for e in extra) / len(extra)}
+    # a harness's offline episodes have no policy version: with them the proximal policy is recomputed
+    lags = None if extra or steps_at is None else loglinear_lags(p, rollout, it, steps_at)
     if episodes:
-        batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards)
+        batch, values, returns, mismatch = prepare(policy, ref, critic, episodes, p, rollout.recompute, rewards, lags)
     row = {"iteration": it + 1, "episodes": played, **info, **episode_metrics(everything, batch), **mismatch,
            **reward_row, "async/staleness": staleness}
     sample = episode_log.sample(episodes, p.log_episodes, p.temperature) if p.log_episodes and episodes else []
