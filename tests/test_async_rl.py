@@ -155,6 +155,20 @@ def test_correction_none_recomputes_nothing_and_measures_the_mismatch_on_the_upd
     assert all("mismatch/tis_weight_mean" not in h and "mismatch/alarm" in h for h in hist if h["trained_tokens"])
 
 
+def test_a_flights_chunks_are_chunk_episodes_on_the_in_process_engine_and_rollout_batch_on_vllm():
+    from agentkiln.rollout.backends import SnapshotRollout
+    from agentkiln.trainers.inflight import tasks_per_chunk
+
+    p = params(1, rollout_batch=64).model_copy(update={"asynchronous": params(1).asynchronous.model_copy(
+        update={"chunk_episodes": 8})})
+    snapshot = object.__new__(SnapshotRollout)  # the type is what counts: no model needed
+    assert tasks_per_chunk(p, snapshot) == 2  # 8 episodes = 2 groups of 4
+    assert tasks_per_chunk(p, object()) == 16  # any other backend (vLLM): rollout_batch's 64 = 16 groups
+    unset = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"chunk_episodes": None})})
+    assert tasks_per_chunk(unset, snapshot) == 16
+    assert tasks_per_chunk(p.model_copy(update={"group_size": 16}), snapshot) == 1  # never below one group
+
+
 def test_the_loglinear_proximal_policy_by_hand():
     """log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = lag / (lag + steps): AReaL's
     loglinear interpolation with versions counted in optimizer steps."""
