@@ -140,7 +140,6 @@ def entropy_bonus(
     return -coef * aggregate(entropy, agg, seq_ids, norm_len)
 
 
-# --------------------------------------------------------------------------- registered by name (rl.policy_loss)
 def loglinear_proximal(behaviour_logp: torch.Tensor, logp: torch.Tensor, lag: torch.Tensor, steps: int) -> torch.Tensor:
     """The proximal policy's log-probs without a forward pass of their own (AReaL's `prox_logp_method:
     loglinear`): log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = (v_prox - v_b) /
@@ -153,6 +152,7 @@ def loglinear_proximal(behaviour_logp: torch.Tensor, logp: torch.Tensor, lag: to
     return behaviour_logp + alpha * (logp.detach() - behaviour_logp)
 
 
+# --------------------------------------------------------------------------- registered by name (rl.policy_loss)
 @register_policy_loss("ppo", token_level=True)
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, seq_ids: torch.Tensor, p) -> tuple[torch.Tensor, dict]:
     """rl.policy_loss ppo: `ppo_clip` with the stage's clip range, dual clip and aggregation."""
