@@ -422,7 +422,7 @@ class AsyncParams(_Strict):
         "before the update, one extra forward pass), each token weighted by min(pi_prox / pi_behaviour, is_cap) "
         "(AReaL); masked: the same ratio, tokens whose weight is outside [1 / is_cap, is_cap] dropped (masked IS); "
         "none: no extra pass, PPO's ratio against the behaviour log-probs (verl's bypass mode), the mismatch "
-        "measured on the update's own forward passes")
+        "measured on the update's first minibatch, whose forward pass runs on the proximal weights")
     is_cap: float = Field(2.0, ge=1, le=1e4, description="the importance weight's cap (decoupled) or band (masked)")
     proximal: Literal["recompute", "loglinear"] = Field(
         "loglinear", description="how decoupled / masked get the proximal policy's log-probs: recompute (a forward "

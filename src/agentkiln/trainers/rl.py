@@ -23,10 +23,12 @@ default, `asynchronous.max_staleness: 0`), the trainer waits for them. Asynchron
 k`), the next iterations' tasks are dealt and their episodes played on snapshots of the weights
 (rollout processes that the trainer helps once its update is done, a thread, or vLLM) while this
 iteration prepares and updates, so each batch comes from a policy up to k versions behind the trainer;
-`prepare` recomputes its log-probs under the trainer's weights (decoupled PPO's proximal policy) and
-weights or masks tokens by the importance ratio (`asynchronous.correction`), or, with `correction:
-none`, PPO's ratio is taken against the behaviour log-probs and the mismatch measured on the update's
-own forward passes (no extra pass). Checkpoints hold what is in flight (its tasks and weights), so
+the proximal policy (decoupled PPO's: the trainer's weights before the update) is interpolated from the
+update's own forward passes (`proximal: loglinear`) or `prepare` recomputes its log-probs under those
+weights (`recompute`), and tokens are weighted or masked by the importance ratio
+(`asynchronous.correction`); or, with `correction: none`, PPO's ratio is taken against the behaviour
+log-probs. Without a recomputation the mismatch is measured on the update's first minibatch (its
+forward pass runs on the proximal weights). Checkpoints hold what is in flight (its tasks and weights), so
 resume is exact in both modes.
 
 The same loop runs on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed; `rl_rank`) over
@@ -162,7 +164,7 @@ def rollout_mismatch(batch: Batch, trainer_logp: torch.Tensor, tis_cap: float | 
 def bypassed(p: RLParams) -> bool:
     """Asynchronous with `correction: none`: no recomputation before the update (verl's bypass mode);
     PPO's ratio is taken against the behaviour log-probs, and the mismatch is measured on the update's
-    own forward passes (`update`)."""
+    first minibatch (`update`)."""
     return bool(p.asynchronous.max_staleness) and p.asynchronous.correction == "none"
 
 
@@ -261,7 +263,9 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
     stats: dict[str, list[float]] = defaultdict(list)
     micro_size = p.micro_batch_size or p.minibatch_size
     token_level = p.loss_agg == "token-mean" and registry.policy_loss(p.policy_loss).token_level  # share of tokens, else of sequences
-    measure = bypassed(p) or batch.lag is not None  # no recomputation: the mismatch seen by the update
+    # no recomputation: the mismatch is measured on the update's first minibatch, whose forward pass runs
+    # on the proximal weights (what a recomputation scores), before any step of this update moves them
+    measure = bypassed(p) or batch.lag is not None
     steps = 0  # optimizer steps this update has taken (the loglinear proximal policy's v_theta - v_prox)
     engine.train()
     for epoch in range(p.ppo_epochs):
@@ -278,7 +282,7 @@ def update(engine: Engine, policy: Policy, critic: Critic | None, batch: Batch, 
             for k in range(0, part.rows, size):
                 micro = part.select(rows[k : k + size])
                 share = (micro.n_tokens / n_tok if token_level else _seq_count(micro.seq_ids()) / n_seq) if active else 0.0
-                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world, measure and epoch == 0,
+                for key, v in _micro_loss(engine, policy, micro, p, share * engine.world, measure and steps == 0,
                                           steps).items():
                     acc[key] += v * share
             keys = sorted(acc)
