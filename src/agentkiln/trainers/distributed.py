@@ -26,6 +26,7 @@ import os
 import queue as queue_mod
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -257,6 +258,12 @@ def _rank_main(fn, job_path: str, rank: int, world: int, env: dict, device: str,
         os._exit(1)  # not sys.exit: no waiting on DeepSpeed's or gloo's threads for peers that are gone
     q.close()
     q.join_thread()
+    # the work is done and said: skip the interpreter's teardown, where a native thread of DeepSpeed's
+    # (seen with ZeRO-3 CPU offload) can abort the rank ("terminate called without an active
+    # exception", SIGABRT) after its result is in, failing a run that succeeded
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _init_deepspeed(comm: str) -> None:
