@@ -10,6 +10,12 @@ the same seed in every mode:
            (tasks_per_iter x group_size) / ranks, so each rank has one chunk; rank0 is run at that
            batch too, so the two differ only in who plays.
 
+With `--staleness k` (k >= 1) both modes are asynchronous at params' `rl.asynchronous` settings
+(chunks of `chunk_episodes`): rank0 plays every flight (its rollout processes and trainer), spread
+deals each flight launched ahead over the ranks (trainers.inflight.RankFlights); the same chunks and
+seeds, so the same episodes, and the whole loop is the like-for-like figure
+(bench/results/rank_rollouts_async.json).
+
 Each mode's seconds are the training loop's on rank 0 (`train_rl`, from its first rollout to its last
 update: the ranks' start-up and the final save are left out), with the seconds rank 0 spent taking
 its episodes (playing, or waiting for the other ranks' chunks), preparing and updating. Writes each
@@ -81,8 +87,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=6, help="RL iterations per mode (default 6)")
     ap.add_argument("--ranks", type=int, default=2, help="DeepSpeed ranks (default 2)")
-    ap.add_argument("--out", default="bench/results/rank_rollouts.json", help="JSON path")
+    ap.add_argument("--staleness", type=int, default=0,
+                    help="0: synchronous rounds (default); k >= 1: asynchronous flights at max_staleness k")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/rank_rollouts.json, "
+                    "with --staleness bench/results/rank_rollouts_async.json)")
     args = ap.parse_args(argv)
+    args.out = args.out or f"bench/results/rank_rollouts{'_async' if args.staleness else ''}.json"
 
     params = load_params()
     stage = next(iter(params.rl.stages))
@@ -90,14 +100,15 @@ def main(argv=None) -> None:
     batch = max(base.group_size, base.tasks_per_iter * base.group_size // args.ranks)
     p = base.model_copy(update={"iterations": args.iterations, "episode_budget": None, "checkpoint_every": 0,
                                 "rollout_batch": batch, "log_episodes": 0,
-                                "asynchronous": base.asynchronous.model_copy(update={"max_staleness": 0})})
+                                "asynchronous": base.asynchronous.model_copy(update={"max_staleness": args.staleness})})
     pool = load_split(paths.TASKS, "rl")
     seed_everything(params.seed, params.torch_threads)
     start = load_policy(paths.SFT_MODEL, compute=distributed.parent_compute(params.compute))
     results = {"model": paths.SFT_MODEL.as_posix(), "stage": stage, "threads": params.torch_threads,
                "ranks": args.ranks, "machine": f"{platform.machine()} {platform.processor()}".strip(),
                "cpus": os.cpu_count(), "episodes_per_iteration": p.tasks_per_iter * p.group_size,
-               "rollout_batch": batch, "iterations": args.iterations, "modes": {}}
+               "rollout_batch": batch, "iterations": args.iterations, "asynchronous": p.asynchronous.model_dump(),
+               "modes": {}}
     for mode, spread in (("rank0", False), ("spread", True)):
         ds = params.compute.deepspeed.model_copy(update={"num_procs": args.ranks, "spread_rollouts": spread,
                                                          "master_port": free_port()})

@@ -120,12 +120,11 @@ def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monke
     for who in ("two processes", "trainer", "thread", "two ray actors"):
         with monkeypatch.context() as m:
             if who == "two processes":  # the trainer claims nothing: the processes play every chunk
-                m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
+                m.setattr(inflight.RolloutProcess, "claim", lambda self, fid: None)
             change = {"thread": {"worker": "thread"}, "two processes": {"processes": 2},
+                      "trainer": {"processes": 0},  # no rollout process: the trainer plays every chunk
                       "two ray actors": {"worker": "ray", "processes": 2}}.get(who, {})
             q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update=change)})
-            if who == "trainer":  # the process is never told of a flight: the trainer plays every chunk
-                m.setattr(inflight.RolloutProcess, "launch", _announce_to_nobody)
             with fanout.session(RayParams(enabled=who == "two ray actors", num_cpus=2)):
                 runs[who] = run(texts, lake_pool, q)
     with pytest.raises(ValueError, match="asynchronous.worker = 'ray' needs a Ray session: set compute.ray.enabled"):
@@ -135,11 +134,6 @@ def test_whoever_plays_a_chunk_the_run_is_the_same_bytes(lake_pool, texts, monke
     for other, pol2 in others:
         assert other == hist
         assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))
-
-
-def _announce_to_nobody(self, fid, weights, parts, seeds):
-    with self.counter.get_lock():
-        self.counter[0], self.counter[1] = fid, 0
 
 
 def test_correction_none_recomputes_nothing_and_measures_the_mismatch_on_the_update(lake_pool, texts, monkeypatch):
@@ -156,17 +150,15 @@ def test_correction_none_recomputes_nothing_and_measures_the_mismatch_on_the_upd
 
 
 def test_a_flights_chunks_are_chunk_episodes_on_the_in_process_engine_and_rollout_batch_on_vllm():
-    from agentkiln.rollout.backends import SnapshotRollout
     from agentkiln.trainers.inflight import tasks_per_chunk
 
     p = params(1, rollout_batch=64).model_copy(update={"asynchronous": params(1).asynchronous.model_copy(
         update={"chunk_episodes": 8})})
-    snapshot = object.__new__(SnapshotRollout)  # the type is what counts: no model needed
-    assert tasks_per_chunk(p, snapshot) == 2  # 8 episodes = 2 groups of 4
-    assert tasks_per_chunk(p, object()) == 16  # any other backend (vLLM): rollout_batch's 64 = 16 groups
+    assert tasks_per_chunk(p, snapshot=True) == 2  # 8 episodes = 2 groups of 4
+    assert tasks_per_chunk(p) == 16  # any other backend (vLLM), a spread synchronous round: rollout_batch's 64 = 16 groups
     unset = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"chunk_episodes": None})})
-    assert tasks_per_chunk(unset, snapshot) == 16
-    assert tasks_per_chunk(p.model_copy(update={"group_size": 16}), snapshot) == 1  # never below one group
+    assert tasks_per_chunk(unset, snapshot=True) == 16
+    assert tasks_per_chunk(p.model_copy(update={"group_size": 16}), snapshot=True) == 1  # never below one group
 
 
 def test_the_loglinear_proximal_policy_by_hand():
@@ -310,15 +302,16 @@ def test_under_lora_a_flight_carries_the_adapters_alone(lake_pool, texts, monkey
     runs = []
     for trainer_plays_all in (False, True):
         with monkeypatch.context() as m:
-            if trainer_plays_all:
-                m.setattr(inflight.RolloutProcess, "launch", _announce_to_nobody)
+            q = p
+            if trainer_plays_all:  # no rollout process: the trainer plays every chunk
+                q = p.model_copy(update={"asynchronous": p.asynchronous.model_copy(update={"processes": 0})})
             else:
-                m.setattr(inflight.RolloutProcess, "claim", lambda self, fid, n: None)
+                m.setattr(inflight.RolloutProcess, "claim", lambda self, fid: None)
                 m.setattr(inflight.RolloutProcess, "launch",
                           lambda self, fid, weights, parts, seeds: sent.append(set(weights)) or real_launch(
                               self, fid, weights, parts, seeds))
             pol = lora.add_lora(policy(texts), LoRAParams(enabled=True, r=4, target_modules=["q_proj", "v_proj"]), seed=0)
-            runs.append((trainer.train_rl(pol, None, tasks, tasks_dir, p, seed=3), pol))
+            runs.append((trainer.train_rl(pol, None, tasks, tasks_dir, p=q, seed=3), pol))
     (hist, pol), (again, pol2) = runs
     assert [h["async/staleness"] for h in hist] == [0, 1, 1, 1] and again == hist
     assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), pol2.model.parameters()))

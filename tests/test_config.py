@@ -34,6 +34,8 @@ def test_repository_params_are_valid():
         (lambda r: r["rl"]["defaults"].update(algorithm="a2c"), "rl.defaults.algorithm = 'a2c'"),
         (lambda r: r["rl"]["defaults"]["asynchronous"].update(max_staleness=9), "rl.defaults.asynchronous.max_staleness = 9"),
         (lambda r: r["rl"]["defaults"]["asynchronous"].update(correction="clip"), "rl.defaults.asynchronous.correction = 'clip'"),
+        (lambda r: r["rl"]["defaults"]["asynchronous"].update(worker="ray", processes=0),
+         "asynchronous.processes = 0 with worker ray"),
         (lambda r: r["rl"]["stages"].update(late={"init": "sft", "lr": 2}), "stages.late.lr = 2: Input should be less than 1"),
         (lambda r: r["rl"]["stages"].update(late={"init": "rl/nowhere"}), "stages.late.init = 'rl/nowhere': must be one of sft, rl/main"),
         (lambda r: r["rl"]["stages"].update(late={"max_turns": 5}), "stages.late: a mapping with at least `init`"),

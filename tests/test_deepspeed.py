@@ -322,10 +322,11 @@ def test_rl_on_ranks_refuses_what_it_does_not_do_by_name():
     # rank 0 plays the rollouts on either backend, synchronous or not (tests/test_vllm_rollout.py: vLLM)
     check_ranks(RLParams(asynchronous={"max_staleness": 1}),
                 ComputeParams(device="cpu", backend="deepspeed", rollout={"backend": "vllm"}))
-    # every rank plays its chunks of synchronous rounds on the in-process engine; otherwise rank 0 plays
+    # every rank plays its chunks of synchronous rounds and asynchronous flights on the in-process
+    # engine; otherwise rank 0 plays
     ranks = ComputeParams(device="cpu", backend="deepspeed")
     assert spreads(RLParams(), ranks)
-    assert not spreads(RLParams(asynchronous={"max_staleness": 1}), ranks)
+    assert spreads(RLParams(asynchronous={"max_staleness": 1}), ranks)
     assert not spreads(RLParams(), ComputeParams(device="cpu", backend="deepspeed", rollout={"backend": "vllm"}))
     assert not spreads(RLParams(), ComputeParams(device="cpu", backend="deepspeed", deepspeed={"spread_rollouts": False}))
 
@@ -381,4 +382,55 @@ def test_rl_ranks_spread_rollouts_resume_from_rank0s_checkpoint_onto_the_single_
         assert same(a) == same(b)
     rel = max(abs(a[k] - b[k]) / max(abs(b[k]), FLOOR) for a, b in zip(got, want) for k in keys)
     print(f"resumed 2-rank RL vs single, max relative update-metric difference: {rel:.2e}")
+    assert rel < RL_REL_TOL
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+def test_rl_ranks_share_asynchronous_flights_onto_the_single_process_curve(world, tmp_path, processes):
+    """Asynchronous (staleness 1), chunks of one group (2 per flight): the flight of iteration 2, launched
+    ahead while iteration 1 trains, is shared once the update is done (trainers.inflight.RankFlights):
+    rank 1 snapshots its weights on receiving the flight, and plays the chunks rank 0 reserves for it out
+    of those its rollout processes have not claimed (an equal part per player). Without a rollout
+    process every chunk is unclaimed then: rank 1 plays chunk 1, rank 0's trainer chunk 0; with one, the
+    share depends on timing. Either way the chunks and seeds are one process's, so every rollout metric
+    is one process's; iteration 1's flight (launched for itself) is rank 0's."""
+    from agentkiln.policy import load_policy
+    from agentkiln.seeding import seed_everything
+    from agentkiln.stages.common import load_split
+    from agentkiln.trainers import distributed
+    from agentkiln.trainers.rl import rl_rank, train_rl
+    from tests.conftest import params_with
+
+    root = world[0]
+    single = params_with({"torch_threads": 2, "sft": SFT, "rl": RL, "seed": 3})
+    base = single.rl.stage("s1")
+    p = base.model_copy(update={"asynchronous": base.asynchronous.model_copy(
+        update={"max_staleness": 1, "chunk_episodes": 4, "processes": processes})})
+    pool = load_split(root / "tasks", "rl")
+    seed_everything(single.seed, single.torch_threads)
+    want = train_rl(load_policy(root / "single", compute=single.compute),
+                    load_policy(root / "single", compute=single.compute), pool, root / "tasks", p,
+                    seed=single.seed, spread=True)
+
+    params = ds_params(free_port())
+    compute = distributed.parent_compute(params.compute)
+    seed_everything(single.seed, params.torch_threads)
+    job = {"policy": load_policy(root / "single", compute=compute),
+           "ref": load_policy(root / "single", compute=compute), "pool": pool, "tasks_dir": root / "tasks",
+           "p": p, "seed": single.seed, "out_dir": tmp_path / "model", "ckpt_dir": None, "ckpt_key": "",
+           "desc": "after"}
+    got = distributed.launch(rl_rank, job, params.compute)["history"]
+    assert [r["iteration"] for r in got] == [1, 2] and [r["async/staleness"] for r in got] == [0, 1]
+    # one process plays every chunk itself; on ranks iteration 2's flight was shared (always without a
+    # rollout process, which would otherwise have claimed chunks while the ranks trained)
+    assert [r["rollout/ranks_playing"] for r in want] == [1, 1]
+    assert got[0]["rollout/ranks_playing"] == 1 and got[1]["rollout/ranks_playing"] in ([2] if not processes else [1, 2])
+    assert all(r["trained_tokens"] > 0 for r in want)
+    keys = {"loss", "pg_loss", "kl", "entropy", "grad_norm", "ratio_mean", "clip_frac"}
+    keys |= {k for k in want[0] if k.startswith("mismatch/") and k != "mismatch/alarm"}
+    for a, b in zip(got, want):
+        same = lambda row: {k: v for k, v in row.items() if k not in keys | {"rollout/ranks_playing"}}  # noqa: E731
+        assert same(a) == same(b)
+    rel = max(abs(a[k] - b[k]) / max(abs(b[k]), FLOOR) for a, b in zip(got, want) for k in keys if k in b)
+    print(f"2-rank shared asynchronous RL vs single, max relative update-metric difference: {rel:.2e}")
     assert rel < RL_REL_TOL

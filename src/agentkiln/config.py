@@ -443,11 +443,20 @@ class AsyncParams(_Strict):
         "groups; null: rl.rollout_batch): small chunks let the rollout process and the trainer share a flight "
         "once the update is done, so neither waits long for the other (on 2 CPU cores one group per chunk is "
         "fastest, bench/async_speed.py); vLLM's flights always use rollout_batch (it batches them itself)")
-    processes: int = Field(1, ge=1, le=256, description="rollout processes (worker: process) or Ray actors (worker: "
+    processes: int = Field(1, ge=0, le=256, description="rollout processes (worker: process) or Ray actors (worker: "
                            "ray); each takes a torch thread from the trainer's, so keep processes < torch_threads "
-                           "where cores are few")
+                           "where cores are few. 0 (worker: process): none, the trainer plays each flight once its "
+                           "update is done (on DeepSpeed ranks: shared with the other ranks)")
     kl_alarm: float = Field(0.05, gt=0, le=100, description="an iteration whose k3 KL(behaviour || trainer) "
                             "exceeds this is reported (a warning and mismatch/alarm = 1)")
+
+
+    @model_validator(mode="after")
+    def _actors(self):
+        if self.worker == "ray" and not self.processes:
+            raise ValueError("asynchronous.processes = 0 with worker ray: Ray needs at least one actor; "
+                             "set processes >= 1, or worker process")
+        return self
 
 
 class RLParams(_Strict):

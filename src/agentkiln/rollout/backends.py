@@ -19,6 +19,7 @@ import copy
 import torch
 
 from agentkiln.config import ComputeParams
+from agentkiln.policy import lora
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent
 
@@ -67,6 +68,14 @@ class SnapshotRollout(HFRollout):
         with torch.no_grad():
             for k, v in weights.items():
                 mine[k].copy_(v)
+
+
+def snapshot_weights(policy: Policy) -> dict:
+    """`policy`'s weights copied to the CPU, for a SnapshotRollout to `load`; under LoRA the adapters
+    alone (the frozen base is in every copy already: weight sync moves adapters only)."""
+    trained = {n for n, w in policy.model.named_parameters() if w.requires_grad} if lora.has_lora(policy) else None
+    return {k: v.detach().to("cpu", copy=True) for k, v in policy.model.state_dict().items()
+            if trained is None or k in trained}
 
 
 def open_rollout(policy: Policy, compute: ComputeParams | None, seed: int = 0, lora: bool = False):

@@ -15,7 +15,8 @@ whatever the timing.
   the trainer claim chunks from one shared counter: the processes play while the trainer updates, and
   the trainer, its update done, plays whatever is left (on one thread, as they do, so a chunk's bytes
   do not depend on who played it) instead of waiting. The trainer trains on as many torch threads
-  fewer than it was given as there are processes: on 2 cores, one each.
+  fewer than it was given as there are processes: on 2 cores, one each. `processes: 0`: none, the
+  trainer plays each flight once its update is done.
 - `worker: ray` (with `compute.ray.enabled`): `asynchronous.processes` Ray actors (`RolloutActors`),
   one torch thread each, each holding a copy of the policy; a flight's weights go into Ray's object
   store once (in memory, shared by the actors of a node) and its chunks are dealt to the actors
@@ -23,6 +24,18 @@ whatever the timing.
   actors spread over the nodes (the tasks directory at the same path on each, as for fan-out).
 - `worker: thread` (and vLLM, a process of its own already): a thread plays the chunks on the
   backend's snapshot.
+
+On DeepSpeed ranks (`compute.deepspeed.spread_rollouts`, `worker: process`) the flights launched ahead
+are shared with the other ranks, which have no rollout process: rank 0 puts a new flight's chunks
+(tasks, seeds) into the iteration's broadcast, and every other rank (`RankFlights`) snapshots its
+weights on receipt, before its update (ZeRO-2: the weights rank 0 launched the flight on). Once the
+update is done (every rank at once: ZeRO-2's step ends in a collective), rank 0 reserves a share of
+the next flight's chunks that its rollout processes have not claimed yet (`share_out`: an equal part
+per player, its processes and trainer counting one each) and broadcasts which rank plays which; each
+rank plays them, while rank 0's processes and trainer play the rest, and hands them over
+(`Engine.gather`) when rank 0 takes that flight. Who plays a chunk never changes its bytes, so the
+curve is one process's whatever the timing. A flight launched at `take` for the iteration itself, or
+restored from a checkpoint, is rank 0's alone.
 """
 
 from __future__ import annotations
@@ -44,12 +57,12 @@ import torch
 from agentkiln import fanout, lifecycle
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
-from agentkiln.policy import lora
 from agentkiln.policy.model import Policy
 from agentkiln.rewards import needs_potentials
-from agentkiln.rollout.backends import HFRollout, SnapshotRollout
+from agentkiln.rollout.backends import HFRollout, SnapshotRollout, snapshot_weights
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
+from agentkiln.trainers.engine import Engine
 from agentkiln.trainers.sampler import TaskSampler
 
 
@@ -73,10 +86,11 @@ def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int
                         potentials=needs_potentials(p.reward))
 
 
-def tasks_per_chunk(p: RLParams, rollout=None) -> int:
-    """Tasks per chunk of an asynchronous flight: `asynchronous.chunk_episodes` on the in-process engine's
-    snapshot, else (vLLM, which batches a chunk itself) `rollout_batch` episodes; whole groups."""
-    size = p.asynchronous.chunk_episodes if isinstance(rollout, SnapshotRollout) else None
+def tasks_per_chunk(p: RLParams, snapshot: bool = False) -> int:
+    """Tasks per chunk: of an asynchronous flight on the in-process engine's snapshot
+    `asynchronous.chunk_episodes`, else (a synchronous round spread over ranks; vLLM, which batches a
+    chunk itself) `rollout_batch` episodes; whole groups."""
+    size = p.asynchronous.chunk_episodes if snapshot else None
     return max(1, (size or p.rollout_batch) // p.group_size)
 
 
@@ -100,14 +114,14 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def _claim(counter, flight: int, n: int, slot: int) -> int | None:
-    """The next unplayed chunk of `flight` (of `n`; its counter at `slot`), or None: the processes and
-    the trainer share this."""
+def _claim(counter, flight: int, slot: int) -> int | None:
+    """The next unplayed chunk of `flight` (its counter at `slot`: [flight, next chunk, end]), or None:
+    the processes and the trainer share this; chunks from `end` on are reserved for other ranks."""
     with counter.get_lock():
-        if counter[2 * slot] != flight or counter[2 * slot + 1] >= n:
+        if counter[3 * slot] != flight or counter[3 * slot + 1] >= counter[3 * slot + 2]:
             return None
-        counter[2 * slot + 1] += 1
-        return counter[2 * slot + 1] - 1
+        counter[3 * slot + 1] += 1
+        return counter[3 * slot + 1] - 1
 
 
 def _serve(policies: list[Policy], tasks_dir: Path, p: RLParams, counter, todo, done, parent: int) -> None:
@@ -119,7 +133,7 @@ def _serve(policies: list[Policy], tasks_dir: Path, p: RLParams, counter, todo, 
     rollouts = [HFRollout(policy) for policy in policies]
     while (flight := todo.get()) is not None:
         fid, slot, parts, seeds = flight
-        while (c := _claim(counter, fid, len(parts), slot)) is not None:
+        while (c := _claim(counter, fid, slot)) is not None:
             try:
                 done.put((fid, c, play(rollouts[slot], parts[c], tasks_dir, p, seeds[c])))
             except BaseException:  # noqa: BLE001  (handed to the trainer, which raises it)
@@ -141,7 +155,7 @@ class RolloutProcess:
             own.model.eval().requires_grad_(False).share_memory()
             owns.append(own)
         self.weights = [own.model.state_dict() for own in owns]  # views of the shared tensors
-        self.counter = ctx.Array("q", [0, 0] * slots)  # per slot: [flight, next chunk], claimed under its lock
+        self.counter = ctx.Array("q", [0, 0, 0] * slots)  # per slot: [flight, next chunk, end], under its lock
         self.todo, self.done = ctx.Queue(), ctx.Queue()
         self.procs = [ctx.Process(target=_serve, name=f"rl-rollout-{i}", daemon=True,
                                   args=(owns, tasks_dir, p, self.counter, self.todo, self.done, os.getpid()))
@@ -155,12 +169,23 @@ class RolloutProcess:
             for k, v in weights.items():  # nothing reads this slot: its previous flight is all in
                 self.weights[slot][k].copy_(v)
         with self.counter.get_lock():
-            self.counter[2 * slot], self.counter[2 * slot + 1] = fid, 0
+            self.counter[3 * slot : 3 * slot + 3] = [fid, 0, len(parts)]
         for _ in self.procs:
             self.todo.put((fid, slot, parts, seeds))
 
-    def claim(self, fid: int, n: int) -> int | None:
-        return _claim(self.counter, fid, n, fid % self.slots)
+    def claim(self, fid: int) -> int | None:
+        return _claim(self.counter, fid, fid % self.slots)
+
+    def reserve(self, fid: int, share: float) -> list[int]:
+        """Take `share` of flight `fid`'s unclaimed chunks (the last ones) away from the processes and
+        the trainer, for other ranks to play."""
+        slot = fid % self.slots
+        with self.counter.get_lock():
+            start, end = self.counter[3 * slot + 1], self.counter[3 * slot + 2]
+            if self.counter[3 * slot] != fid or start >= end:
+                return []
+            self.counter[3 * slot + 2] = end - int((end - start) * share)
+            return list(range(self.counter[3 * slot + 2], end))
 
     def result(self, fid: int) -> tuple[int, list[Episode]]:
         """The next chunk of flight `fid` a process played: (its index, its episodes)."""
@@ -229,7 +254,7 @@ class RolloutActors:
             self.dealt += 1
         self.refs[fid] = refs
 
-    def claim(self, fid: int, n: int) -> None:
+    def claim(self, fid: int) -> None:
         return None
 
     def result(self, fid: int) -> tuple[int, list[Episode]]:
@@ -261,6 +286,8 @@ class Flight:
     tasks: list[TaskSpec]
     weights: dict | None
     job: object
+    spread: bool = False  # launched ahead on DeepSpeed ranks: others may play chunks of it (`share_out`)
+    reserved: list[int] | None = None  # the chunks other ranks play (None: not shared out)
 
 
 class InFlight:
@@ -275,9 +302,11 @@ class InFlight:
     iteration launched at `take(i)` is `j - i <= max_staleness` versions stale when taken."""
 
     def __init__(self, rollout, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int, rng: random.Random,
-                 sampler: TaskSampler, policy: Policy):
+                 sampler: TaskSampler, policy: Policy, ranks: Engine | None = None):
         self.rollout, self.pool, self.tasks_dir, self.p, self.seed = rollout, pool, tasks_dir, p, seed
         self.rng, self.sampler, self.policy = rng, sampler, policy
+        self.outbox: list[dict] = []  # the flights launched ahead since `plans()`, for the other ranks
+        self.ranks_playing = 1  # ranks that played the flight taken last
         self.pending: dict[int, Flight] = {}  # by iteration, in launch order
         self.bound = p.asynchronous.max_staleness
         if self.bound > 1 and not isinstance(rollout, SnapshotRollout):
@@ -289,6 +318,9 @@ class InFlight:
             workers = RolloutActors if p.asynchronous.worker == "ray" else functools.partial(
                 RolloutProcess, slots=self.bound)
             self.process = workers(rollout.policy, tasks_dir, p, p.asynchronous.processes)
+        # DeepSpeed ranks that play chunks of the flights launched ahead (module docstring)
+        self.ranks = ranks if ranks is not None and ranks.world > 1 and isinstance(self.process, RolloutProcess) \
+            else None
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rl-rollout")
         self.flights = 0
         self.loaded: int | None = None  # the flight whose weights the snapshot holds (the trainer's chunks)
@@ -296,7 +328,8 @@ class InFlight:
         if self.process is not None:  # each rollout process has a core of its own: the trainer the rest
             torch.set_num_threads(max(1, self.threads - p.asynchronous.processes))  # (2 threads beside one on 2 cores: 27.8 s of update, not 21.6)
 
-    def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None) -> None:
+    def _launch(self, it: int, version: int, tasks: list[TaskSpec] | None = None, weights: dict | None = None,
+                spread: bool = False) -> None:
         if tasks is None:
             tasks = self.sampler.sample(self.p.tasks_per_iter, self.rng)
         if not self.bound:  # one round on the live weights
@@ -306,9 +339,12 @@ class InFlight:
             return
         if weights is None:
             weights = self._snapshot()
-        per = tasks_per_chunk(self.p, self.rollout)
+        per = tasks_per_chunk(self.p, isinstance(self.rollout, SnapshotRollout))
         parts = [tasks[i : i + per] for i in range(0, len(tasks), per)]
         seeds = [chunk_seed(self.seed, it, c) for c in range(len(parts))]
+        spread = spread and self.ranks is not None
+        if spread:  # its chunks go out with the iteration's broadcast: other ranks may play some
+            self.outbox.append({"iteration": it, "parts": parts, "seeds": seeds})
         self.flights += 1
         if self.process is not None:
             self.process.launch(self.flights, weights, parts, seeds)
@@ -324,32 +360,40 @@ class InFlight:
                 return [play(rollout, part, self.tasks_dir, self.p, s) for part, s in zip(parts, seeds)]
 
             job = self.thread.submit(play_all)
-        self.pending[it] = Flight(it, version, tasks, weights, job)
+        self.pending[it] = Flight(it, version, tasks, weights, job, spread)
 
     def _snapshot(self) -> dict:
-        """The weights a flight plays on, copied; under LoRA the adapters alone (the frozen base is in
-        every copy already: weight sync moves adapters only)."""
-        trained = {n for n, w in self.policy.model.named_parameters() if w.requires_grad} \
-            if lora.has_lora(self.policy) else None
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.model.state_dict().items()
-                if trained is None or k in trained}
+        return snapshot_weights(self.policy)
 
     def _gather(self, flight: Flight) -> list[list[Episode]]:
-        """A flight's chunks: those nobody claimed yet played here, then the processes' collected."""
-        if isinstance(flight.job, Future):
+        """A flight's chunks in order: this process's (those nobody claimed yet played here, then the
+        processes' collected), then, spread, the other ranks'."""
+        if not self.bound:
             return flight.job.result()
+        got = self._gather_here(flight)
+        self.ranks_playing = 1
+        if flight.reserved is not None:  # every rank takes part, in the same order as the other collectives
+            for part in self.ranks.gather({})[1:]:
+                got |= part
+                self.ranks_playing += bool(part)
+        return [got[c] for c in range(len(got))]
+
+    def _gather_here(self, flight: Flight) -> dict[int, list[Episode]]:
+        """The chunks played on this rank: by the thread, or by the processes and the trainer."""
+        if isinstance(flight.job, Future):
+            return dict(enumerate(flight.job.result()))
         fid, parts, seeds = flight.job
         got: dict[int, list[Episode]] = {}
         with torch_threads(1):
-            while (c := self.process.claim(fid, len(parts))) is not None:
+            while (c := self.process.claim(fid)) is not None:
                 if self.loaded != fid:
                     self.rollout.load(flight.weights)
                     self.loaded = fid
                 got[c] = play(self.rollout, parts[c], self.tasks_dir, self.p, seeds[c])
-        while len(got) < len(parts):
+        while len(got) < len(parts) - len(flight.reserved or []):
             c, episodes = self.process.result(fid)
             got[c] = episodes
-        return [got[c] for c in range(len(parts))]
+        return got
 
     def take(self, it: int, last: int) -> tuple[list[Episode], int]:
         if it not in self.pending:
@@ -362,8 +406,24 @@ class InFlight:
         for j in range(it + 1, min(it + self.bound, last) + 1):
             if j not in self.pending:  # on the weights before this iteration's update
                 weights = weights or self._snapshot()
-                self._launch(j, version=it, weights=weights)
-        return joined(out, tasks_per_chunk(self.p, self.rollout)), flight.version
+                self._launch(j, version=it, weights=weights, spread=True)
+        return joined(out, tasks_per_chunk(self.p, isinstance(self.rollout, SnapshotRollout))), flight.version
+
+    def plans(self) -> list[dict]:
+        """The flights launched ahead since the last call, for the other ranks (the iteration's broadcast)."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def share_out(self, it: int) -> dict | None:
+        """Once every rank's update is done: which of flight `it`'s unclaimed chunks each other rank
+        plays (an equal part per player: each rollout process, the trainer, each other rank), reserved
+        here so that nobody else plays them; None if flight `it` is not spread."""
+        flight = self.pending.get(it)
+        if flight is None or not flight.spread or flight.reserved is not None:
+            return None
+        others = self.ranks.world - 1
+        flight.reserved = self.process.reserve(flight.job[0], others / (others + 1 + len(self.process.procs)))
+        return {"iteration": it, "chunks": {r: flight.reserved[r - 1 :: others] for r in range(1, others + 1)}}
 
     def state(self) -> list[dict]:
         """What a checkpoint keeps of the flights: each one's iteration, version, tasks and weights."""
@@ -382,3 +442,40 @@ class InFlight:
         if self.process is not None:
             self.process.close()
             torch.set_num_threads(self.threads)
+
+
+class RankFlights:
+    """A DeepSpeed rank other than 0, asynchronous and spread (module docstring): the chunks rank 0 shares
+    out of its flights, played on a snapshot of the weights the flights were launched on."""
+
+    def __init__(self, policy: Policy, engine: Engine, tasks_dir: Path, p: RLParams):
+        self.policy, self.engine, self.tasks_dir, self.p = policy, engine, tasks_dir, p
+        self.rollout = SnapshotRollout(policy)
+        self.flights: dict[int, tuple[dict, dict]] = {}  # by iteration: (weights, plan) of the flights in flight
+        self.done: dict[int, dict[int, list[Episode]]] = {}  # by iteration: this rank's chunks played
+
+    def receive(self, plans: list[dict]) -> None:
+        """Before this rank's update: its weights are those rank 0 launched the flights on (ZeRO-2)."""
+        weights = snapshot_weights(self.policy) if plans else None
+        for plan in plans:
+            self.flights[plan["iteration"]] = (weights, plan)
+
+    def play(self, share: dict | None) -> None:
+        """After the update: play this rank's chunks of `share` (rank 0's `share_out`), on one torch
+        thread as rank 0's processes do."""
+        if share is None:
+            return
+        it = share["iteration"]
+        weights, plan = self.flights.pop(it)
+        mine = share["chunks"].get(self.engine.rank, [])
+        self.done[it] = {}
+        if mine:
+            self.rollout.load(weights)
+        with torch_threads(1):
+            for c in mine:
+                self.done[it][c] = play(self.rollout, plan["parts"][c], self.tasks_dir, self.p, plan["seeds"][c])
+
+    def hand_over(self, it: int) -> None:
+        """At iteration `it`, before its broadcast: rank 0 takes flight `it` and gathers its shared chunks."""
+        if it in self.done:
+            self.engine.gather(self.done.pop(it))

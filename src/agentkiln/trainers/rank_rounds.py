@@ -28,6 +28,7 @@ from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.rewards import needs_potentials
 from agentkiln.trainers.engine import Engine
+from agentkiln.trainers.inflight import tasks_per_chunk
 
 
 def round_chunk_seed(seed: int, chunk: int) -> int:
@@ -43,7 +44,7 @@ class RankRounds:
 
     def __init__(self, rollout: HFRollout, engine: Engine, tasks_dir: Path, p: RLParams):
         self.rollout, self.engine, self.tasks_dir, self.p = rollout, engine, Path(tasks_dir), p
-        self.per = max(1, p.rollout_batch // p.group_size)  # tasks per chunk
+        self.per = tasks_per_chunk(p)
         self.playing: set[int] = set()  # ranks that played a chunk since the last `finish`
 
     def sync(self, policy) -> None:

@@ -32,9 +32,10 @@ forward pass runs on the proximal weights). Checkpoints hold what is in flight (
 resume is exact in both modes.
 
 The same loop runs on data-parallel DeepSpeed ZeRO-2 ranks (compute.backend: deepspeed; `rl_rank`) over
-a training engine (trainers.engine): synchronous rounds are spread over the ranks (each plays its
-chunks on its own live weights: trainers.rank_rounds; `compute.deepspeed.spread_rollouts`), or rank 0
-plays them (asynchronous flights, vLLM, or spread off); rank 0 prepares, every rank gets the batch,
+a training engine (trainers.engine): the rollouts are spread over the ranks (`compute.deepspeed.spread_rollouts`:
+each rank plays its chunks of a synchronous round on its live weights, trainers.rank_rounds, and of an
+asynchronous flight on a snapshot taken before its update, trainers.inflight), or rank 0 plays them
+(vLLM, or spread off); rank 0 prepares, every rank gets the batch,
 `update` gives each rank its share of every minibatch's rows with the same share weighting; the same
 curve as one process to float rounding (tests/test_deepspeed.py). PPO (critic) and ZeRO-3 are refused
 there (`check_ranks`).
@@ -68,7 +69,7 @@ from agentkiln.trainers.credit import advantages, shaped_turn_rewards
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 from agentkiln.trainers.engine import Engine, EngineFactory, local_factory
-from agentkiln.trainers.inflight import InFlight, iteration_seed, play
+from agentkiln.trainers.inflight import InFlight, RankFlights, iteration_seed, play, tasks_per_chunk
 from agentkiln.trainers.rank_rounds import RankRounds
 
 def collect(policy: Policy, pool: list[TaskSpec], tasks_dir: Path, p: RLParams, rng: random.Random, seed: int,
@@ -424,9 +425,10 @@ def train_rl(
     (the in-process engine on its whole ZeRO-2 copy of the weights, the same seeds as one process),
     prepares the batch and broadcasts it with the iteration's metrics; every rank trains on its share
     of each minibatch (`update`); rank 0 alone logs and writes checkpoints, which every rank resumes
-    from. What ranks do not do is refused first (`check_ranks`). `spread` (synchronous, in-process
-    engine): every rank plays its chunks of each round instead (trainers.rank_rounds; on one process,
-    the same chunks and seeds played by it alone)."""
+    from. What ranks do not do is refused first (`check_ranks`). `spread` (the in-process engine):
+    every rank plays its chunks of each synchronous round (trainers.rank_rounds) or asynchronous flight
+    launched ahead (trainers.inflight.RankFlights) instead; on one process the same chunks and seeds,
+    played by it alone."""
     if ref is not None:
         ref.model.eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
@@ -464,14 +466,18 @@ def train_rl(
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
-    flight = offline = rounds = None
-    if spread and not p.asynchronous.max_staleness and (rollout is None or type(rollout) is HFRollout):
+    flight = offline = rounds = flights = None
+    spread = spread and (rollout is None or type(rollout) is HFRollout)  # the in-process engine
+    shares = spread and p.asynchronous.max_staleness and engine.world > 1  # flights shared with the other ranks
+    if spread and not p.asynchronous.max_staleness:
         rounds = RankRounds(rollout or HFRollout(policy), engine, tasks_dir, p)  # each rank on its live weights
+    elif spread and not engine.main:
+        flights = RankFlights(policy, engine, tasks_dir, p)  # its chunks of the flights rank 0 launches
     if engine.main:  # the rollouts: rank 0 deals them (and plays them all unless spread)
         rollout = rounds or rollout or HFRollout(policy)
         if p.asynchronous.max_staleness and type(rollout) is HFRollout:
             rollout = SnapshotRollout(policy)  # the live weights change while the next rollouts play
-        flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy)
+        flight = InFlight(rollout, pool, tasks_dir, p, seed, rng, sampler, policy, ranks=engine if spread else None)
         if state is not None and state.get("in_flight"):
             flight.restore(state["in_flight"])
         offline = OfflineFeed(p.offline, policy) if p.offline.split else None
@@ -490,12 +496,23 @@ def train_rl(
                         log_episodes(it + 1, sample)
                 if rounds is not None:
                     payload[3]["rollout/ranks_playing"] = rounds.finish()
+                elif spread:
+                    payload[3]["rollout/ranks_playing"] = flight.ranks_playing
+                payload = (*payload, flight.plans())  # spread flights: the other ranks' chunks of them
             elif rounds is not None:
                 rounds.serve()  # this rank's chunks of every round rank 0 deals
-            batch, values, returns, row = engine.broadcast(payload)  # one process: the same objects
+            elif flights is not None:
+                flights.hand_over(it)  # its chunks of the flight rank 0 takes now
+            batch, values, returns, row, plans = engine.broadcast(payload)  # one process: the same objects
             played = row["episodes"]
+            if flights is not None:
+                flights.receive(plans)  # snapshot: the weights before this update, those rank 0 launched on
             if batch is not None and batch.rows:
                 row |= update(engine, policy, critic, batch, p, critic_opt, gen, values, returns)
+            if shares:  # every rank's update is done: rank 0 shares out the next flight's unclaimed chunks
+                share = engine.broadcast(flight.share_out(it + 1) if engine.main else None)
+                if flights is not None:
+                    flights.play(share)
             if p.asynchronous.max_staleness and "mismatch/k3_kl" in row:
                 row["mismatch/alarm"] = float(row["mismatch/k3_kl"] > p.asynchronous.kl_alarm)
                 if row["mismatch/alarm"] and engine.main:
@@ -588,9 +605,11 @@ def check_ranks(p: RLParams, compute) -> None:
 
 
 def spreads(p: RLParams, compute) -> bool:
-    """Whether every rank plays its chunks of each round (trainers.rank_rounds): synchronous rounds on
-    the in-process engine; asynchronous flights and a vLLM engine stay rank 0's."""
-    return compute.deepspeed.spread_rollouts and compute.rollout.backend == "hf" and not p.asynchronous.max_staleness
+    """Whether every rank plays its chunks of the rollouts on the in-process engine: of each synchronous
+    round (trainers.rank_rounds), of each asynchronous flight launched ahead with rollout processes
+    (`worker: process`; trainers.inflight); a vLLM engine's rollouts stay rank 0's."""
+    return compute.deepspeed.spread_rollouts and compute.rollout.backend == "hf" and (
+        not p.asynchronous.max_staleness or p.asynchronous.worker == "process")
 
 
 def rl_rank(rank, job: dict) -> dict | None:
@@ -605,17 +624,24 @@ def rl_rank(rank, job: dict) -> dict | None:
     factory = distributed.RankFactory(rank)
     spread = spreads(p, rank.compute)
     if rank.main and rank.world > 1:
-        chunks = -(-p.tasks_per_iter // max(1, p.rollout_batch // p.group_size))
+        chunks = -(-p.tasks_per_iter // tasks_per_chunk(p, snapshot=bool(p.asynchronous.max_staleness)))
         idle = "" if chunks >= rank.world else (
             f"; {rank.world - chunks} rank(s) idle: rl.rollout_batch "
             f"{max(p.group_size, p.tasks_per_iter * p.group_size // rank.world)} gives every rank a chunk")
-        print(f"rl: every rank plays its chunks of each round ({chunks} chunk(s) of rl.rollout_batch {p.rollout_batch} "
-              f"episodes over {rank.world} ranks{idle})" if spread else "rl: rank 0 plays the rollouts (" + (
-              "compute.deepspeed.spread_rollouts is off" if not rank.compute.deepspeed.spread_rollouts else
-              "asynchronous: its flights overlap the update" if p.asynchronous.max_staleness else
-              "on the vLLM engine") + ")")
+        if not spread:
+            print("rl: rank 0 plays the rollouts (" + (
+                "compute.deepspeed.spread_rollouts is off" if not rank.compute.deepspeed.spread_rollouts else
+                "on the vLLM engine" if rank.compute.rollout.backend != "hf" else
+                f"asynchronous.worker {p.asynchronous.worker}: ranks share flights with worker process") + ")")
+        elif p.asynchronous.max_staleness:
+            print(f"rl: the other ranks play a share of each flight's {chunks} chunk(s) of "
+                  f"rl.asynchronous.chunk_episodes {p.asynchronous.chunk_episodes} episodes, the part rank 0's "
+                  "rollout processes have not claimed when the update is done")
+        else:
+            print(f"rl: every rank plays its chunks of each round ({chunks} chunk(s) of rl.rollout_batch "
+                  f"{p.rollout_batch} episodes over {rank.world} ranks{idle})")
     # rank 0 deals every rollout and plays them on the backend compute.rollout names (vLLM: its engine,
-    # synced from rank 0), or, spread, every rank plays its chunks on its own live weights
+    # synced from rank 0), or, spread, every rank plays its chunks on its own weights
     backend = open_rollout(policy, rank.compute, seed=job["seed"], lora=p.lora.enabled) if rank.main \
         else contextlib.nullcontext()
     with backend as rollout:
