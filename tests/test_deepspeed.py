@@ -385,15 +385,16 @@ def test_rl_ranks_spread_rollouts_resume_from_rank0s_checkpoint_onto_the_single_
     assert rel < RL_REL_TOL
 
 
-@pytest.mark.parametrize("processes", [0, 1])
-def test_rl_ranks_share_asynchronous_flights_onto_the_single_process_curve(world, tmp_path, processes):
-    """Asynchronous (staleness 1), chunks of one group (2 per flight): the flight of iteration 2, launched
-    ahead while iteration 1 trains, is shared once the update is done (trainers.inflight.RankFlights):
-    rank 1 snapshots its weights on receiving the flight, and plays the chunks rank 0 reserves for it out
-    of those its rollout processes have not claimed (an equal part per player). Without a rollout
-    process every chunk is unclaimed then: rank 1 plays chunk 1, rank 0's trainer chunk 0; with one, the
-    share depends on timing. Either way the chunks and seeds are one process's, so every rollout metric
-    is one process's; iteration 1's flight (launched for itself) is rank 0's."""
+@pytest.mark.parametrize("processes, staleness", [(0, 1), (1, 1), (0, 2)])
+def test_rl_ranks_share_asynchronous_flights_onto_the_single_process_curve(world, tmp_path, processes, staleness):
+    """Asynchronous, chunks of one group (2 per flight): each flight launched ahead (iteration 2's while
+    iteration 1 trains; at staleness 2, iterations 2 and 3 on the same snapshot) is shared once an update
+    is done (trainers.inflight.RankFlights): rank 1 snapshots its weights on receiving the flight, and
+    plays the chunks rank 0 reserves for it out of those its rollout processes have not claimed (an
+    equal part per player). Without a rollout process every chunk is unclaimed then: rank 1 plays chunk
+    1, rank 0's trainer chunk 0; with one, the share depends on timing. Either way the chunks and seeds
+    are one process's, so every rollout metric is one process's; iteration 1's flight (launched for
+    itself) is rank 0's."""
     from agentkiln.policy import load_policy
     from agentkiln.seeding import seed_everything
     from agentkiln.stages.common import load_split
@@ -404,8 +405,8 @@ def test_rl_ranks_share_asynchronous_flights_onto_the_single_process_curve(world
     root = world[0]
     single = params_with({"torch_threads": 2, "sft": SFT, "rl": RL, "seed": 3})
     base = single.rl.stage("s1")
-    p = base.model_copy(update={"asynchronous": base.asynchronous.model_copy(
-        update={"max_staleness": 1, "chunk_episodes": 4, "processes": processes})})
+    p = base.model_copy(update={"iterations": 1 + staleness, "asynchronous": base.asynchronous.model_copy(
+        update={"max_staleness": staleness, "chunk_episodes": 4, "processes": processes})})
     pool = load_split(root / "tasks", "rl")
     seed_everything(single.seed, single.torch_threads)
     want = train_rl(load_policy(root / "single", compute=single.compute),
@@ -420,11 +421,14 @@ def test_rl_ranks_share_asynchronous_flights_onto_the_single_process_curve(world
            "p": p, "seed": single.seed, "out_dir": tmp_path / "model", "ckpt_dir": None, "ckpt_key": "",
            "desc": "after"}
     got = distributed.launch(rl_rank, job, params.compute)["history"]
-    assert [r["iteration"] for r in got] == [1, 2] and [r["async/staleness"] for r in got] == [0, 1]
-    # one process plays every chunk itself; on ranks iteration 2's flight was shared (always without a
-    # rollout process, which would otherwise have claimed chunks while the ranks trained)
-    assert [r["rollout/ranks_playing"] for r in want] == [1, 1]
-    assert got[0]["rollout/ranks_playing"] == 1 and got[1]["rollout/ranks_playing"] in ([2] if not processes else [1, 2])
+    # staleness 2: iterations 2 and 3 were launched at iteration 1's start, on the starting weights
+    assert [r["iteration"] for r in got] == list(range(1, staleness + 2))
+    assert [r["async/staleness"] for r in got] == list(range(staleness + 1))
+    # one process plays every chunk itself; on ranks the flights launched ahead were shared (always
+    # without a rollout process, which would otherwise have claimed chunks while the ranks trained)
+    assert [r["rollout/ranks_playing"] for r in want] == [1] * (staleness + 1)
+    assert got[0]["rollout/ranks_playing"] == 1
+    assert all(r["rollout/ranks_playing"] in ([2] if not processes else [1, 2]) for r in got[1:])
     assert all(r["trained_tokens"] > 0 for r in want)
     keys = {"loss", "pg_loss", "kl", "entropy", "grad_norm", "ratio_mean", "clip_frac"}
     keys |= {k for k in want[0] if k.startswith("mismatch/") and k != "mismatch/alarm"}
