@@ -450,7 +450,6 @@ class AsyncParams(_Strict):
     kl_alarm: float = Field(0.05, gt=0, le=100, description="an iteration whose k3 KL(behaviour || trainer) "
                             "exceeds this is reported (a warning and mismatch/alarm = 1)")
 
-
     @model_validator(mode="after")
     def _actors(self):
         if self.worker == "ray" and not self.processes:

@@ -338,7 +338,7 @@ class InFlight:
             self.pending[it] = Flight(it, version, tasks, None, job)
             return
         if weights is None:
-            weights = self._snapshot()
+            weights = snapshot_weights(self.policy)
         per = tasks_per_chunk(self.p, isinstance(self.rollout, SnapshotRollout))
         parts = [tasks[i : i + per] for i in range(0, len(tasks), per)]
         seeds = [chunk_seed(self.seed, it, c) for c in range(len(parts))]
@@ -361,9 +361,6 @@ class InFlight:
 
             job = self.thread.submit(play_all)
         self.pending[it] = Flight(it, version, tasks, weights, job, spread)
-
-    def _snapshot(self) -> dict:
-        return snapshot_weights(self.policy)
 
     def _gather(self, flight: Flight) -> list[list[Episode]]:
         """A flight's chunks in order: this process's (those nobody claimed yet played here, then the
@@ -405,7 +402,7 @@ class InFlight:
         weights = None
         for j in range(it + 1, min(it + self.bound, last) + 1):
             if j not in self.pending:  # on the weights before this iteration's update
-                weights = weights or self._snapshot()
+                weights = weights or snapshot_weights(self.policy)
                 self._launch(j, version=it, weights=weights, spread=True)
         return joined(out, tasks_per_chunk(self.p, isinstance(self.rollout, SnapshotRollout))), flight.version
 
