@@ -6,7 +6,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from agentkiln import paths, tracking
-from agentkiln.config import Params
+from agentkiln.config import PANELS, Params
 from flows._stage import needs, run_flow, stage_context
 from tasks.evaluate import evaluate_task
 
@@ -23,8 +23,10 @@ def evaluate_flow(params: Params) -> dict:
             tracking.log_metrics({f"{name}/{k}": v for k, v in m.items()})
             tracking.log_metrics({f"{name}/family/{f}/success": x["success"] for f, x in m["by_family"].items()})
             tracking.log_metrics({f"{name}/pass_at_{k}": v for k, v in m.get("pass_at_k", {}).items()})
-        for split in ("test", "ood"):
-            tracking.log_split(paths.TASKS / split, context="evaluation")
+            tracking.log_metrics({f"{name}/{panel}/success": m[panel]["success"] for panel in PANELS if panel in m})
+        for split in PANELS:
+            if (paths.TASKS / split).is_dir():
+                tracking.log_split(paths.TASKS / split, context="evaluation")
         for name in REPORT_FILES:
             mlflow.log_artifact(str(paths.REPORTS / name))
     create_markdown_artifact((paths.REPORTS / "eval.md").read_text(), key="evaluation")

@@ -26,7 +26,8 @@ TINY = {
         "sft": {"n_tasks": 4, "seed": 11, "mix": {"frozenlake_easy": 1.0}},
         "rl": {"n_tasks": 2, "seed": 12, "mix": {"frozenlake_easy": 1.0, "python_easy": 1.0}},
         "test": {"n_tasks": 2, "seed": 13, "mix": {"frozenlake_easy": 1.0}},
-        "ood": {"n_tasks": 1, "seed": 14, "mix": {"sokoban_easy": 1.0}}}},
+        "ood": {"n_tasks": 1, "seed": 14, "mix": {"sokoban_easy": 1.0}},
+        "val": {"n_tasks": 1, "seed": 15, "mix": {"frozenlake_easy": 1.0}}}},
     "sft": {"epochs": 1, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
                                    "vocab_size": 512}},
     # long enough that the stage is at work when the signal comes

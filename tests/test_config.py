@@ -200,6 +200,7 @@ DEEPSPEED = ("  backend: single ", "  backend: deepspeed ")
 POLICIES = "  policies: [random, oracle, sft, rl, distilled]"
 COMPARE = "  compare: [[sft, random], [rl, sft], [rl, random], [distilled, rl], [distilled, sft], [distilled, random]]"
 OOD_SPLIT = "    ood:  {n_tasks: 80,  seed: 4, mix: {frozenlake_medium: 0.5, python_words_long: 0.5}}\n"
+VAL_SPLIT = "    val:  {n_tasks: 160, seed: 5, mix: {cooking: 0.25, frozenlake_easy: 0.375, python_words: 0.375}}\n"
 
 
 @pytest.mark.parametrize("pairs, expected", [
@@ -223,6 +224,9 @@ OOD_SPLIT = "    ood:  {n_tasks: 80,  seed: 4, mix: {frozenlake_medium: 0.5, pyt
     ([(OOD_SPLIT, "")], "  - promote.guards.ood_success: there is no out-of-distribution panel"),
     ([(OOD_SPLIT, ""), ("  guards: {ood_success: 0.05, invalid_rate: 0.05}", "  guards: {invalid_rate: 0.05}"),
       ("  panel: test", "  panel: ood")], "  - ablation.panel = 'ood': synthesize.splits has no ood split"),
+    ([(VAL_SPLIT, ""), ("  panel: test", "  panel: val")], "  - ablation.panel = 'val': synthesize.splits has no val split"),
+    ([(VAL_SPLIT, ""), ("  panels: [test, ood]", "  panels: [val, test]")],
+     "  - findings.panels includes 'val': synthesize.splits has no val split; drop it or add a val split"),
     ([("  init: sft\n  panel", "  init: rl/warmup\n  panel")],
      "  - ablation.init = 'rl/warmup': not a model the pipeline writes; use one of sft, rl/main, distilled"),
     # DeepSpeed ranks: what the rl stage refuses, after synthesize and sft ran
@@ -253,6 +257,13 @@ def test_contradictory_settings_are_refused_at_load(tmp_path, pairs, expected):
     msg = str(e.value)
     assert msg.startswith(f"{path}: "), msg
     assert [line for line in msg.splitlines() if expected in line], msg  # the field, its value, what to do: one line
+
+
+def test_the_val_panel_can_measure_ablations_and_findings(tmp_path):
+    p = load_params(edits(tmp_path, ("  panel: test", "  panel: val"), ("  panels: [test, ood]", "  panels: [val, test, ood]")))
+    assert p.ablation.panel == "val" and p.findings.panels == ["val", "test", "ood"]
+    assert p.synthesize.splits["val"].mix == p.synthesize.splits["test"].mix  # the default: a second draw of test's mix
+    assert p.synthesize.splits["val"].seed != p.synthesize.splits["test"].seed
 
 
 def test_every_contradiction_is_listed_at_once(tmp_path):

@@ -34,6 +34,7 @@ TINY = {
             "rl": {"n_tasks": 4, "seed": 12, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "python_easy": 1.0}},
             "test": {"n_tasks": 6, "seed": 13, "mix": {"coin_easy": 1.0, "frozenlake_easy": 1.0, "sql_easy": 1.0}},
             "ood": {"n_tasks": 2, "seed": 14, "mix": {"sokoban_medium": 1.0}},
+            "val": {"n_tasks": 2, "seed": 15, "mix": {"frozenlake_easy": 1.0, "sql_easy": 1.0}},
         },
     },
     "sft": {"epochs": 2, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
@@ -134,6 +135,7 @@ def test_a_run_ends_saying_what_it_produced_and_the_pipeline_run_has_its_numbers
     logged = runs[0].data.metrics
     assert logged["sft/test"] == pytest.approx(metrics["sft"]["success"])
     assert logged["rl/ood"] == pytest.approx(metrics["rl"]["ood"]["success"])
+    assert logged["rl/val"] == pytest.approx(metrics["rl"]["val"]["success"])
     assert {f"rl/test_{f}" for f in metrics["rl"]["by_family"]} <= set(logged)
     assert "promote/promoted" in logged
     # `dvc metrics show`: success per policy on the two panels (metrics.json's breakdowns had made ~600 columns)
@@ -225,13 +227,14 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     pairs = [("sft", "random"), ("rl", "sft"), ("rl", "random"), ("distilled", "rl"), ("distilled", "sft"),
              ("distilled", "random")]
     greedy = [c for c in comparisons if c["decoding"] == "greedy"]
-    for panel, n in (("test", 6), ("ood", 2)):
+    for panel, n in (("test", 6), ("val", 2), ("ood", 2)):
         whole = [c for c in greedy if c["panel"] == panel and c["family"] is None]
         assert [(c["a"], c["b"]) for c in whole] == pairs and {c["n_tasks"] for c in whole} == {n}
     # within each family of a panel that has several (the ood panel here has one: no split)
     by_family = [c for c in greedy if c["family"] is not None]
-    assert {(c["panel"], c["family"]) for c in by_family} == {("test", f) for f in ("textworld", "gym-toytext", "sql")}
-    assert sum(c["n_tasks"] for c in by_family if (c["a"], c["b"]) == ("rl", "sft")) == 6
+    assert {(c["panel"], c["family"]) for c in by_family} == {("test", f) for f in ("textworld", "gym-toytext", "sql")} | {
+        ("val", f) for f in ("gym-toytext", "sql")}
+    assert sum(c["n_tasks"] for c in by_family if (c["a"], c["b"]) == ("rl", "sft") and c["panel"] == "test") == 6
     # sampled comparisons only where both policies have pass@k samples
     sampled = [(c["a"], c["b"]) for c in comparisons if c["decoding"] != "greedy"]
     with_samples = {p for p in metrics if "pass_at_k" in metrics[p]}
@@ -240,7 +243,7 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     assert all(len(outcomes["outcomes"][p]["test"]) == 6 for p in metrics)
     for m in metrics.values():
         assert 0 <= m["ci_low"] <= m["success"] <= m["ci_high"] <= 1
-        assert m["n_tasks"] == 6 and m["ood"]["n_tasks"] == 2
+        assert m["n_tasks"] == 6 and m["ood"]["n_tasks"] == 2 and m["val"]["n_tasks"] == 2
         # per family: the panel's three families, counts adding up to the panel
         assert set(m["by_family"]) == {"textworld", "gym-toytext", "sql"} and set(m["ood"]["by_family"]) == {"sokoban"}
         assert sum(f["n_tasks"] for f in m["by_family"].values()) == 6
@@ -251,9 +254,9 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
     for f in ("eval.md", "eval.html", "success.png", "passk.png", "curves.png", "passk.csv", "success.csv", "rl/h3/curve.csv", "rl/h6/curve.csv", "promotion.json", "data_docs/index.html"):
         assert (dst / "reports" / f).is_file(), f
-    manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood")]
+    manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood", "val")]
     ids = [t["task_id"] for m in manifests for t in m["tasks"]]
-    assert len(ids) == len(set(ids)) == 20
+    assert len(ids) == len(set(ids)) == 22
 
 
 def test_mlflow_holds_pipeline_run_children_and_champion(repo):

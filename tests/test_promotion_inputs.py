@@ -22,7 +22,7 @@ from tests.conftest import params_with, scratch_policy, tiny_dataset
 from tests.test_tracking_registry import _isolated_mlflow_env
 
 N = 8
-SFT, RANDOM, OOD = [1] * 6 + [0] * 2, [0] * N, [1, 0, 0, 0]  # the outcomes evaluate "wrote"
+SFT, RANDOM, OOD, VAL = [1] * 6 + [0] * 2, [0] * N, [1, 0, 0, 0], [1, 1, 0]  # the outcomes evaluate "wrote"
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +55,11 @@ def panel_metrics(won: list[int]) -> dict:
 
 def write_reports(world, tmp_path, tamper=lambda metrics, outcomes: None):
     ids = world["ids"]
-    outcomes = {"sft": {"test": dict(zip(ids, SFT)), "ood": {f"ood-{i}": x for i, x in enumerate(OOD)}},
+    outcomes = {"sft": {"test": dict(zip(ids, SFT)), "ood": {f"ood-{i}": x for i, x in enumerate(OOD)},
+                        "val": {f"val-{i}": x for i, x in enumerate(VAL)}},
                 "random": {"test": dict(zip(ids, RANDOM))}}
-    metrics = {"sft": panel_metrics(SFT) | {"ood": panel_metrics(OOD)}, "random": panel_metrics(RANDOM)}
+    metrics = {"sft": panel_metrics(SFT) | {"ood": panel_metrics(OOD), "val": panel_metrics(VAL)},
+               "random": panel_metrics(RANDOM)}
     tamper(metrics, outcomes)
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -132,6 +134,9 @@ def test_the_issues_case_success_one_with_outcomes_zero_of_eight(world, tmp_path
     ("task", lambda m, o: o["sft"]["test"].popitem(),
      r"outcomes\.json: policy sft's test outcomes are not those of the panel's 8 tasks \(1 differ"),
     ("ood", lambda m, o: o["sft"].pop("ood"), r"metrics\.json: policy sft has ood scores but no per-task ood outcomes"),
+    ("val", lambda m, o: o["sft"].pop("val"), r"metrics\.json: policy sft has val scores but no per-task val outcomes"),
+    ("val-success", lambda m, o: m["sft"]["val"].update(success=1.0),
+     r"metrics\.json: policy sft: val\.success = 1\.0, but its per-task outcomes in outcomes\.json give 0\.6667"),
     ("random", lambda m, o: o.pop("random"),
      r"metrics\.json: policy random has test scores but no per-task test outcomes"),
 ])
@@ -144,13 +149,14 @@ def test_outcomes_that_cannot_back_the_metrics_register_nothing(world, tmp_path,
 
 def test_the_reports_evaluate_writes_pass_and_are_what_is_registered(world, tmp_path):
     """No false refusal: metrics.json and outcomes.json as the evaluate stage writes them (rounded
-    figures, baselines, an ood panel) agree, and the registered score is the one evaluate reported."""
+    figures, baselines, an ood and a val panel) agree, and the registered score is the one evaluate reported
+    (the test panel's: val is reported and compared beside it, never promoted on)."""
     from agentkiln.panels import load_panel
     from agentkiln.stages.evaluate import run_evaluate
 
     lake = {"frozenlake_easy": 1.0}
-    tasks_dir = tiny_dataset(tmp_path / "tasks", {"sft": lake, "rl": lake, "test": lake, "ood": {"frozenlake_medium": 1}},
-                             n={"sft": 2, "rl": 2, "test": 6, "ood": 3})
+    tasks_dir = tiny_dataset(tmp_path / "tasks", {"sft": lake, "rl": lake, "test": lake, "ood": {"frozenlake_medium": 1},
+                                                  "val": lake}, n={"sft": 2, "rl": 2, "test": 6, "ood": 3, "val": 4})
     save_policy(scratch_policy(load_panel(tasks_dir, "sft"), tasks_dir), tmp_path / "sft")
     params = params_with({"evaluate": {"policies": ["random", "oracle", "sft"], "compare": [["sft", "random"]],
                                        "pass_k": {"samples": 2, "policies": ["sft"]}, "n_boot": 200},
@@ -163,3 +169,14 @@ def test_the_reports_evaluate_writes_pass_and_are_what_is_registered(world, tmp_
     assert result["score"] == pytest.approx(reported["success"], abs=5e-5)
     assert mv.tags["eval.success"] == f"{reported['success']:.4f}"
     assert mv.tags["eval.ood_success"] == f"{reported['ood']['success']:.4f}"
+    # the val panel: played by every policy, compared like the others, in every report
+    val_ids = {t.task_id for t in load_panel(tasks_dir, "val")}
+    outcomes = json.loads((reports / "outcomes.json").read_text())
+    assert all(set(o["val"]) == val_ids for o in outcomes["outcomes"].values()) and len(val_ids) == 4
+    assert reported["val"]["n_tasks"] == 4 and reported["val"]["success"] == pytest.approx(
+        sum(outcomes["outcomes"]["sft"]["val"].values()) / 4, abs=5e-5)
+    rows = json.loads((reports / "comparisons.json").read_text())
+    assert any(c["panel"] == "val" and (c["a"], c["b"]) == ("sft", "random") for c in rows)
+    assert json.loads((reports / "headline.json").read_text())["oracle"]["val"] == 1.0
+    assert "## Second draw (val panel" in (reports / "eval.md").read_text()
+    assert "Second draw (val)" in (reports / "eval.html").read_text()

@@ -31,7 +31,8 @@ TINY = {
         "splits": {"sft": {"n_tasks": 24, "seed": 11, "mix": {"coin_easy": 1.0, "python_easy": 1.0}},
                    "rl": {"n_tasks": 2, "seed": 12, "mix": {"frozenlake_easy": 1.0}},
                    "test": {"n_tasks": 2, "seed": 13, "mix": {"frozenlake_easy": 1.0}},
-                   "ood": {"n_tasks": 1, "seed": 14, "mix": {"frozenlake_medium": 1.0}}},
+                   "ood": {"n_tasks": 1, "seed": 14, "mix": {"frozenlake_medium": 1.0}},
+                   "val": {"n_tasks": 1, "seed": 15, "mix": {"frozenlake_easy": 1.0}}},
     },
 }
 

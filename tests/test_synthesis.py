@@ -1,7 +1,7 @@
 """The synthesize stage: a mixture of families into seeded, verified, disjoint splits (ood held
-out), task and expert tables under their schemas (clean walkthroughs, recovery episodes whose
-mistakes are flagged, alternative walkthroughs), and the Great Expectations checkpoint. Tiny params,
-synthesized twice per module to check reproducibility."""
+out; val a second panel of test's kind of tasks), task and expert tables under their schemas (clean
+walkthroughs, recovery episodes whose mistakes are flagged, alternative walkthroughs), and the Great
+Expectations checkpoint. Tiny params, synthesized twice per module to check reproducibility."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ TYPES = {
     "sok": {"family": "sokoban"},
     "sok_hard": {"family": "sokoban", "level": "hard"},
 }
-SIZES = {"sft": 4, "rl": 2, "test": 3, "ood": 2}
+SIZES = {"sft": 4, "rl": 2, "test": 3, "ood": 2, "val": 2}
 
 
 def tiny(**over) -> SynthesizeParams:
@@ -41,6 +41,7 @@ def tiny(**over) -> SynthesizeParams:
             "rl": {"n_tasks": 2, "seed": 2, "mix": {"coin": 1, "lake": 1}},
             "test": {"n_tasks": 3, "seed": 3, "mix": {"coin": 1, "lake": 1, "sok": 1}},
             "ood": {"n_tasks": 2, "seed": 4, "mix": {"sok_hard": 1}},
+            "val": {"n_tasks": 2, "seed": 5, "mix": {"coin": 1, "lake": 1}},  # a second draw of test's kind of tasks
         },
     }
     return SynthesizeParams.model_validate(raw | over)

@@ -118,8 +118,13 @@ class LoRAParams(_Strict):
 
 
 # --------------------------------------------------------------------------- synthesize
-SPLITS = ("sft", "rl", "test", "ood")  # ood: optional, held-out task types (harder levels)
+SPLITS = ("sft", "rl", "test", "ood", "val")  # ood, val: optional (synthesized in this order: a split added
+# last changes none before it)
 TRAIN_SPLITS = ("sft", "rl")
+# the splits evaluation plays, never trained on: test (the frozen panel of the headline and promotion), val (a
+# second draw of tasks, its own seed: a margin that holds on test but not on val is the panel's draw, not the
+# recipe's), ood (held-out task types)
+PANELS = ("test", "val", "ood")
 
 
 class TaskType(_Strict):
@@ -164,7 +169,7 @@ class Split(_Strict):
 class RecoveryParams(_Strict):
     """Extra SFT episodes beside each sft / rl task's clean walkthrough (agentkiln.synthesis.recovery):
     recovery episodes (k mistakes at a seeded step, then the expert from there) and alternative optimal
-    walkthroughs where a family has them. The panels (test, ood) never get any."""
+    walkthroughs where a family has them. The panels (test, val, ood) never get any."""
 
     episodes_per_task: int = Field(1, ge=0, le=100, description="recovery episodes attempted per task (0: none)")
     mistakes: list[int] = Field(default_factory=lambda: [1, 2], description="[lo, hi]: k mistakes, drawn uniformly")
@@ -182,7 +187,7 @@ class SynthesizeParams(_Strict):
     workers: int = Field(2, ge=1, le=64)
     max_expert_steps: int = Field(60, ge=1, le=10_000, description="tasks whose expert solution is longer are rejected")
     task_types: dict[str, TaskType]
-    splits: dict[Literal["sft", "rl", "test", "ood"], Split]
+    splits: dict[Literal["sft", "rl", "test", "ood", "val"], Split]
     recovery: RecoveryParams = RecoveryParams()
 
     @model_validator(mode="after")
@@ -708,7 +713,7 @@ class AblationParams(_Strict):
     seeds: list[Seed] = Field([0, 1, 2], min_length=1)
     workers: int = Field(1, ge=1, le=64, description="arm x seed runs in parallel (one torch thread each)")
     init: str = "sft"
-    panel: Literal["test", "ood"] = "test"
+    panel: Literal["test", "val", "ood"] = "test"
     baseline: str = "grpo"
     base: dict = {"iterations": 1000, "episode_budget": 640}  # the budget, not iterations, ends each run
     arms: dict[str, list[dict]] = {"grpo": [{"algorithm": "grpo"}]}
@@ -756,7 +761,7 @@ class FindingsParams(_Strict):
 
     seeds: list[Seed] = Field([0, 1, 2], min_length=1)
     workers: int = Field(1, ge=1, le=64, description="arm x seed runs in parallel (one torch thread each)")
-    panels: list[Literal["test", "ood"]] = Field(["test"], min_length=1, description="the first measures "
+    panels: list[Literal["test", "val", "ood"]] = Field(["test"], min_length=1, description="the first measures "
                                                  "the claims; the others are reported too")
     base: dict = Field({"iterations": 1000, "episode_budget": 256}, description="RL overrides every arm "
                        "shares (over rl.defaults), the budget included")
@@ -915,10 +920,15 @@ def contradictions(p: Params) -> list[str]:
     if "ood_success" in pr.guards and not ood:
         out.append("promote.guards.ood_success: there is no out-of-distribution panel to measure it on "
                    "(synthesize.splits has no ood); add an ood split or remove the guard")
-    if p.ablation.panel == "ood" and not ood:
-        out.append("ablation.panel = 'ood': synthesize.splits has no ood split; use panel: test or add an ood split")
-    if "ood" in p.findings.panels and not ood:
-        out.append("findings.panels includes 'ood': synthesize.splits has no ood split; drop it or add an ood split")
+    for panel in ("ood", "val"):  # the optional panels
+        if panel in p.synthesize.splits:
+            continue
+        if p.ablation.panel == panel:
+            out.append(f"ablation.panel = {panel!r}: synthesize.splits has no {panel} split; use panel: test or add "
+                       f"a {panel} split")
+        if panel in p.findings.panels:
+            out.append(f"findings.panels includes {panel!r}: synthesize.splits has no {panel} split; drop it or add "
+                       f"a {panel} split")
     inits = ["sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
     if p.ablation.init not in inits:
         out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "

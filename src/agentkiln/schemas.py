@@ -92,7 +92,7 @@ class TaskTableSchema(pa.DataFrameModel):
     """One row per synthesized task of every split (`tasks.parquet`): the versioned task set."""
 
     task_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
-    split: Series[str] = pa.Field(isin=["sft", "rl", "test", "ood"])
+    split: Series[str] = pa.Field(isin=["sft", "rl", "test", "ood", "val"])
     family: Series[str] = pa.Field(isin=sorted(FAMILIES))
     task_type: Series[str] = pa.Field(str_length={"min_value": 1})
     seed: Series[int] = pa.Field(ge=0)

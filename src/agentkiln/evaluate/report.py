@@ -120,7 +120,7 @@ def markdown_table(metrics: dict) -> str:
 
 
 def family_table(metrics: dict, panel: str | None = None) -> str:
-    """Success per family (rows) and policy (columns) on the test panel, or on `panel` (ood)."""
+    """Success per family (rows) and policy (columns) on the test panel, or on `panel` (val, ood)."""
     names = [p for p in ordered_policies(metrics) if panel is None or panel in metrics[p]]
     if not names:
         return ""
@@ -147,6 +147,9 @@ def render_markdown(metrics: dict) -> str:
     )
     if any(m.get("by_family") for m in metrics.values()):
         text += "\n## Per family (test panel)\n\n" + family_table(metrics) + "\n"
+    if any("val" in m for m in metrics.values()):
+        text += ("\n## Second draw (val panel: the test panel's kind of tasks, its own seed)\n\n" + family_table(metrics, "val")
+                 + "\n\nA margin on test that does not hold here is the test panel's draw of tasks, not the policy's.\n")
     if any("ood" in m for m in metrics.values()):
         text += ("\n## Out-of-distribution panel (held-out task types)\n\n" + family_table(metrics, "ood")
                  + "\n\nTask types of this panel never appear in training (sft, rl).\n")
@@ -504,6 +507,7 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
                 ("Paired comparisons (bootstrap over tasks)", comparison_table(comparisons) if comparisons else ""),
                 ("Paired comparisons per family", family_comparison_table(comparisons)),
                 ("Per family (test)", family_table(metrics)),
+                ("Second draw (val)", family_table(metrics, "val") if any("val" in m for m in metrics.values()) else ""),
                 ("Out of distribution", family_table(metrics, "ood") if any("ood" in m for m in metrics.values()) else ""),
                 ("Per difficulty level (test)", breakdown_table(metrics, "by_level")),
                 ("Per task type (test)", breakdown_table(metrics, "by_task_type")),
@@ -517,14 +521,15 @@ def render_html(metrics: dict, comparisons: list[dict], panels: dict | None, ima
 
 def headline(metrics: dict, families: bool = False) -> dict:
     """The few numbers `dvc metrics show` prints (metrics.json's breakdowns made ~600 columns; DVC
-    prints one row per file, a column per number): per policy, success on the test and ood panels;
+    prints one row per file, a column per number): per policy, success on the test, val and ood panels;
     with `families`, on the test panel per family too (the parent MLflow run's)."""
     out = {}
     for policy in ordered_policies(metrics):
         m = metrics[policy]
         row = {"test": m.get("success")}
-        if isinstance(m.get("ood"), dict):
-            row["ood"] = m["ood"].get("success")
+        for panel in ("val", "ood"):
+            if isinstance(m.get(panel), dict):
+                row[panel] = m[panel].get("success")
         if families:
             row |= {f"test_{family}": f.get("success") for family, f in sorted((m.get("by_family") or {}).items())}
         out[policy] = row

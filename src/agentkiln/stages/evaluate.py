@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agentkiln import fanout
 from agentkiln.artifacts import MissingArtifactError, rebuild_hint
-from agentkiln.config import Params
+from agentkiln.config import PANELS, Params
 from agentkiln.evaluate import trajectories
 from agentkiln.evaluate.agents import greedy_agent, pass_k_ks, policy_agent, task_levels
 from agentkiln.evaluate.harness import pass_at_k_curve, panel_summary, play, records, success_rates
@@ -30,7 +30,6 @@ from agentkiln.policy.model import saved_meta
 from agentkiln.registry import lineage
 from agentkiln.rollout.engine import run_episodes
 
-PANELS = ("test", "ood")
 BASELINES = ("random", "oracle")  # played without a model
 
 

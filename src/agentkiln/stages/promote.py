@@ -62,13 +62,13 @@ def read_reports(reports_dir: Path) -> tuple[dict, dict]:
 
 def outcome_scores(per_panel: dict[str, dict[str, int]], confidence: float) -> dict:
     """A policy's scores computed from its per-task outcomes (outcomes.json), shaped like its entry of
-    metrics.json: test-panel success, Wilson CI and task count; `ood` the same where it has that panel."""
+    metrics.json: test-panel success, Wilson CI and task count; `val` and `ood` the same where it has them."""
     def score(won: dict[str, int]) -> dict:
         k, n = sum(won.values()), len(won)
         lo, hi = wilson_interval(k, n, confidence)
         return {"success": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "n_tasks": n}
 
-    return score(per_panel["test"]) | ({"ood": score(per_panel["ood"])} if "ood" in per_panel else {})
+    return score(per_panel["test"]) | {p: score(per_panel[p]) for p in ("val", "ood") if p in per_panel}
 
 
 REEVALUATE = "re-run `agentkiln stage evaluate` (dvc repro evaluate)"
@@ -91,7 +91,7 @@ def checked_scores(metrics: dict, outcomes: dict, confidence: float, reports_dir
     out = {}
     for name, m in sorted(metrics.items()):
         panels = outcomes.get(name, {})
-        for panel in ("test", "ood"):
+        for panel in ("test", "val", "ood"):
             if panel not in panels and (panel == "test" or m.get(panel) is not None):
                 raise ArtifactError(f"{path}: policy {name} has {panel} scores but no per-task {panel} outcomes in "
                                     f"outcomes.json, so they cannot be checked; {hint}")

@@ -28,7 +28,7 @@ def _pct(x) -> str:
 
 
 def pipeline_metrics(root: Path, final_rl: str) -> dict[str, float]:
-    """`dvc metrics show`'s numbers as <policy>/<test | ood | test_<family>> (evaluate.report.headline);
+    """`dvc metrics show`'s numbers as <policy>/<test | val | ood | test_<family>> (evaluate.report.headline);
     promote/score and promote/promoted; the last RL stage's pool success before and after."""
     metrics = _read(root / paths.REPORTS / "metrics.json")
     out = {f"{policy}/{key}": float(v) for policy, row in headline(metrics, families=True).items() for key, v in row.items()
@@ -67,8 +67,8 @@ def pipeline_summary(root: Path, final_rl: str) -> list[str]:
         for policy in POLICIES:
             m = metrics.get(policy) or {}
             if "success" in m:
-                ood = m.get("ood", {}).get("success") if isinstance(m.get("ood"), dict) else None
-                parts.append(f"{policy} {_pct(m['success'])}" + (f" (ood {_pct(ood)})" if ood is not None else ""))
+                other = [f"{panel} {_pct(m[panel].get('success'))}" for panel in ("val", "ood") if isinstance(m.get(panel), dict)]
+                parts.append(f"{policy} {_pct(m['success'])}" + (f" ({', '.join(other)})" if other else ""))
         lines.append("  evaluate  test panel: " + ", ".join(parts))
     promotion = _read(reports / "promotion.json")
     if promotion:
