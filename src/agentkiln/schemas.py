@@ -10,6 +10,7 @@ import pandera.pandas as pa
 from pandera.errors import SchemaError, SchemaErrors
 from pandera.typing.pandas import Series
 
+from agentkiln.config import SPLITS
 from agentkiln.envs import FAMILIES
 
 
@@ -92,7 +93,7 @@ class TaskTableSchema(pa.DataFrameModel):
     """One row per synthesized task of every split (`tasks.parquet`): the versioned task set."""
 
     task_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
-    split: Series[str] = pa.Field(isin=["sft", "rl", "test", "ood", "val"])
+    split: Series[str] = pa.Field(isin=list(SPLITS))
     family: Series[str] = pa.Field(isin=sorted(FAMILIES))
     task_type: Series[str] = pa.Field(str_length={"min_value": 1})
     seed: Series[int] = pa.Field(ge=0)
