@@ -123,8 +123,9 @@ SPLITS = ("sft", "rl", "test", "ood", "val")  # ood, val: optional (synthesized 
 TRAIN_SPLITS = ("sft", "rl")
 # the splits evaluation plays, never trained on: test (the frozen panel of the headline and promotion), val (a
 # second draw of tasks, its own seed: a margin that holds on test but not on val is the panel's draw, not the
-# recipe's), ood (held-out task types)
-PANELS = ("test", "val", "ood")
+# recipe's), ood (held-out task types); test is always there, the others where synthesize.splits has them
+OPTIONAL_PANELS = ("val", "ood")
+PANELS = ("test", *OPTIONAL_PANELS)
 
 
 class TaskType(_Strict):
@@ -920,7 +921,7 @@ def contradictions(p: Params) -> list[str]:
     if "ood_success" in pr.guards and not ood:
         out.append("promote.guards.ood_success: there is no out-of-distribution panel to measure it on "
                    "(synthesize.splits has no ood); add an ood split or remove the guard")
-    for panel in ("ood", "val"):  # the optional panels
+    for panel in OPTIONAL_PANELS:
         if panel in p.synthesize.splits:
             continue
         if p.ablation.panel == panel:

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from agentkiln.artifacts import ArtifactError, MissingArtifactError, rebuild_hint
+from agentkiln.config import OPTIONAL_PANELS
 from agentkiln.stats import wilson_interval
 
 POLICY_ORDER = ("random", "oracle", "sft", "rl", "distilled")
@@ -527,7 +528,7 @@ def headline(metrics: dict, families: bool = False) -> dict:
     for policy in ordered_policies(metrics):
         m = metrics[policy]
         row = {"test": m.get("success")}
-        for panel in ("val", "ood"):
+        for panel in OPTIONAL_PANELS:
             if isinstance(m.get(panel), dict):
                 row[panel] = m[panel].get("success")
         if families:

@@ -22,7 +22,7 @@ import mlflow
 
 from agentkiln import paths
 from agentkiln.artifacts import ArtifactError, MetricsFile, OutcomesFile, read_json
-from agentkiln.config import EvaluateParams, Params, PromoteParams
+from agentkiln.config import OPTIONAL_PANELS, PANELS, EvaluateParams, Params, PromoteParams
 from agentkiln.panels import load_manifest, panel_id
 from agentkiln.evaluate.report import DECIMALS
 from agentkiln.stats import wilson_interval
@@ -68,7 +68,7 @@ def outcome_scores(per_panel: dict[str, dict[str, int]], confidence: float) -> d
         lo, hi = wilson_interval(k, n, confidence)
         return {"success": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "n_tasks": n}
 
-    return score(per_panel["test"]) | {p: score(per_panel[p]) for p in ("val", "ood") if p in per_panel}
+    return score(per_panel["test"]) | {p: score(per_panel[p]) for p in OPTIONAL_PANELS if p in per_panel}
 
 
 REEVALUATE = "re-run `agentkiln stage evaluate` (dvc repro evaluate)"
@@ -91,7 +91,7 @@ def checked_scores(metrics: dict, outcomes: dict, confidence: float, reports_dir
     out = {}
     for name, m in sorted(metrics.items()):
         panels = outcomes.get(name, {})
-        for panel in ("test", "val", "ood"):
+        for panel in PANELS:
             if panel not in panels and (panel == "test" or m.get(panel) is not None):
                 raise ArtifactError(f"{path}: policy {name} has {panel} scores but no per-task {panel} outcomes in "
                                     f"outcomes.json, so they cannot be checked; {hint}")

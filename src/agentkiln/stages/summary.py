@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from agentkiln import paths
+from agentkiln.config import OPTIONAL_PANELS
 from agentkiln.evaluate.report import headline
 
 POLICIES = ("random", "sft", "rl", "distilled")
@@ -67,7 +68,7 @@ def pipeline_summary(root: Path, final_rl: str) -> list[str]:
         for policy in POLICIES:
             m = metrics.get(policy) or {}
             if "success" in m:
-                other = [f"{panel} {_pct(m[panel].get('success'))}" for panel in ("val", "ood") if isinstance(m.get(panel), dict)]
+                other = [f"{panel} {_pct(m[panel].get('success'))}" for panel in OPTIONAL_PANELS if isinstance(m.get(panel), dict)]
                 parts.append(f"{policy} {_pct(m['success'])}" + (f" ({', '.join(other)})" if other else ""))
         lines.append("  evaluate  test panel: " + ", ".join(parts))
     promotion = _read(reports / "promotion.json")

@@ -309,6 +309,7 @@ class InFlight:
         self.ranks_playing = 1  # ranks that played the flight taken last
         self.pending: dict[int, Flight] = {}  # by iteration, in launch order
         self.bound = p.asynchronous.max_staleness
+        self.per = tasks_per_chunk(p, isinstance(rollout, SnapshotRollout))  # tasks per chunk of a flight
         if self.bound > 1 and not isinstance(rollout, SnapshotRollout):
             raise ValueError(f"rl: asynchronous.max_staleness = {self.bound} with the {type(rollout).__name__} backend: "
                              "it plays on the live policy's weights, so only one iteration can be in flight; use "
@@ -339,8 +340,7 @@ class InFlight:
             return
         if weights is None:
             weights = snapshot_weights(self.policy)
-        per = tasks_per_chunk(self.p, isinstance(self.rollout, SnapshotRollout))
-        parts = [tasks[i : i + per] for i in range(0, len(tasks), per)]
+        parts = [tasks[i : i + self.per] for i in range(0, len(tasks), self.per)]
         seeds = [chunk_seed(self.seed, it, c) for c in range(len(parts))]
         spread = spread and self.ranks is not None
         if spread:  # its chunks go out with the iteration's broadcast: other ranks may play some
@@ -404,7 +404,7 @@ class InFlight:
             if j not in self.pending:  # on the weights before this iteration's update
                 weights = weights or snapshot_weights(self.policy)
                 self._launch(j, version=it, weights=weights, spread=True)
-        return joined(out, tasks_per_chunk(self.p, isinstance(self.rollout, SnapshotRollout))), flight.version
+        return joined(out, self.per), flight.version
 
     def plans(self) -> list[dict]:
         """The flights launched ahead since the last call, for the other ranks (the iteration's broadcast)."""
