@@ -8,7 +8,9 @@ bash scripts/install_postgres.sh
 # vLLM's own CPU venv (tests/test_vllm_rollout.py) builds in the background while the other tests run; the test's fixture waits on its lock
 c="${AGENTKILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentkiln}"; mkdir -p "$c"; AGENTKILN_VLLM_TARGET=cpu nohup bash scripts/install_vllm.sh >"$c/install_vllm.log" 2>&1 &
 set +e
-.venv/bin/python -m pytest -q --durations=25 "$@"
+# two workers, whole modules each (a module's fixtures are set up once), long modules dealt first
+# (tests/conftest.py): the machine's two cores. `bash scripts/test.sh -n 0` runs one process.
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

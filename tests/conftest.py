@@ -11,7 +11,11 @@ from pathlib import Path
 # Processes a test spawns (DeepSpeed ranks, rollout processes, findings workers) import this module
 # again to unpickle what they run: they keep the session's directory and the Prefect / MLflow settings
 # their parent handed them, instead of making (and leaking) a directory of their own.
-_TMP_VAR = "AGENTKILN_TESTS_TMP"
+# Under pytest-xdist (scripts/test.sh runs two workers) each worker owns its own directory, so its
+# Prefect server's database and its MLflow store are its own: workers inherit the controller's
+# environment, hence a variable per worker.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_TMP_VAR = "AGENTKILN_TESTS_TMP" + (f"_{_WORKER.upper()}" if _WORKER else "")
 _OWNER = _TMP_VAR not in os.environ
 _TMP = Path(tempfile.mkdtemp(prefix="agentkiln-tests-")) if _OWNER else Path(os.environ[_TMP_VAR])
 os.environ.update(
@@ -35,6 +39,10 @@ if _OWNER:
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+# Idle OpenMP threads sleep instead of spinning: two xdist workers, each at the 2 torch threads the
+# learning tests pin, on a 2-core machine would otherwise burn each other's cores (measured: two copies
+# of one RL test at once, 251 s spinning, 79 s passive). The thread count, and so every result, is the same.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Prefect's temporary API server gets 20 s to start by default: not enough on a loaded 2-core machine.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("AGENTKILN_PARENT_RUN_ID", None)
@@ -46,9 +54,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests run where torch sees a CUDA device and are skipped, saying so, elsewhere."""
+    """The long modules first (`e2e`, then `slow`; stable otherwise): scripts/test.sh hands whole
+    modules to two xdist workers in this order, and a long module dealt last would run alone at the
+    end. `gpu`-marked tests run where torch sees a CUDA device and are skipped, saying so, elsewhere."""
     import torch
 
+    rank: dict = {}  # per module, so that a module's tests stay together (its fixtures are set up once)
+    for item in items:
+        r = 0 if "e2e" in item.keywords else 1 if "slow" in item.keywords else 2
+        rank[item.module.__name__] = min(r, rank.get(item.module.__name__, r))
+    items.sort(key=lambda item: rank[item.module.__name__])
     if torch.cuda.is_available():
         return
     import pytest
