@@ -10,11 +10,18 @@ c="${AGENTKILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentkiln}"; mkdir -p "$c"
 set +e
 # two workers, whole modules each (a module's fixtures are set up once), long modules dealt first
 # (tests/conftest.py): the machine's two cores. `bash scripts/test.sh -n 0` runs one process.
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 \
+  --ignore=tests/test_sandbox_escapes.py "$@"
 rc=$?
+# then the sandbox's attack tests alone: next to the other worker's load, a call stopped by its CPU limit
+# was twice reported as a `crash` (cause not yet found; never in one process)
+.venv/bin/python -m pytest -q tests/test_sandbox_escapes.py "$@" -n 0
+rc2=$?
 set -e
-if [ "$rc" -eq 5 ]; then
+if [ "$rc" -eq 5 ] && [ "$rc2" -eq 5 ]; then
   echo "agentkiln: pytest collected no tests: that is a failure" >&2
   exit 1
 fi
-exit "$rc"
+[ "$rc" -eq 5 ] && rc=0
+[ "$rc2" -eq 5 ] && rc2=0
+exit $(( rc != 0 ? rc : rc2 ))
