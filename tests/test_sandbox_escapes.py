@@ -482,6 +482,24 @@ def test_the_code_cannot_forge_its_status(box):
     assert (res.status, res.error) == ("error", "MemoryError")
 
 
+# a busy loop beside three processes of its own that wake and sleep between the scheduler's ticks
+BUSY_BESIDE_WAKERS = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        while True:\n"
+                      "            t = time.perf_counter()\n            while time.perf_counter() - t < 0.0015:\n"
+                      "                pass\n            time.sleep(0.0005)\nwhile True:\n    pass\n")
+
+
+@pytest.mark.parametrize("per_call", [True, False], ids=["per-call", "shared"])
+def test_the_cpu_limit_is_the_cpu_time_used_whatever_runs_beside(per_call):
+    """The kernel's RLIMIT_CPU counts CPU time in ticks: beside processes that wake and sleep between
+    them, a busy loop was stopped after about 0.8 s of its 1 s and reported as a crash (SIGXCPU under
+    the limit), so a host's load changed a call's status. The limit is on the CPU time the code used."""
+    with Sandbox(isolation="bwrap", per_call=per_call, audit_hook=False) as box:  # the hook forbids fork
+        res = box.run(BUSY_BESIDE_WAKERS, Limits(wall_s=30.0, cpu_s=1))
+        assert res.status == "cpu" and 1.0 <= res.cpu_s < 2.0, res
+        assert box.per_call is per_call
+        assert call_processes(box) == set()
+
+
 def test_shared_namespace_fallback_still_runs_and_cleans_up(tmp_path):
     """Machines that refuse nested user namespaces: calls share the server's namespaces (a warning
     says so); the call's directory and process group still go."""

@@ -11,8 +11,8 @@ Shape of one call (docs/sandbox.md):
       └─ handler: one per connection, checks the peer, enters a fresh user, mount, PID, IPC and
          network namespace, mounts the call's size-limited tmpfs on the work directory and an empty
          one on /proc, drops every capability
-           └─ init (PID 1 of the call): reaps, reports the code's exit status and CPU time; when it
-              ends, the kernel ends every process of the call
+           └─ init (PID 1 of the call): keeps the CPU limit, reaps, reports the code's exit status
+              and CPU time; when it ends, the kernel ends every process of the call
                 └─ the sandboxed process: rlimits, empty environment, audit hook, runs the code
 
 The handler answers with a status decided here, from what the kernel says (exit status, signal, CPU
@@ -66,6 +66,8 @@ EXIT_DISK = 104  # the code ended on ENOSPC: its tmpfs is full (bytes or files)
 _EXIT_FOR_ERRNO = {errno.ENOMEM: EXIT_MEMORY, errno.EFBIG: EXIT_FILE_SIZE, errno.ENOSPC: EXIT_DISK,
                    errno.EDQUOT: EXIT_DISK}
 NOTES_CAP = 4096
+CPU_BACKSTOP = 3  # RLIMIT_CPU at this many times the CPU limit (+1 s): CpuWatch keeps the limit itself
+CPU_POLL_S = 0.005  # CpuWatch looks at least this far apart
 MAX_REQUEST = 64 << 20
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _EXTRA_READ_ROOTS = ("/dev/null", "/dev/urandom", "/dev/zero", "/usr/share/zoneinfo")
@@ -424,7 +426,8 @@ def _child(job: dict, lim: dict, workdir: str, fds: list[int], out_w: int, err_w
     _close_except(set(fds) | set(srcs) | {null, out_w, err_w, note_w}, {0, 1, 2, 3})
     os.chdir(workdir)
     mb = lim["memory_mb"] << 20
-    for res, soft, hard in ((resource.RLIMIT_AS, mb, mb), (resource.RLIMIT_CPU, lim["cpu_s"], lim["cpu_s"] + 1),
+    cpu = CPU_BACKSTOP * lim["cpu_s"] + 1  # only a backstop: the limit is CpuWatch's (see there)
+    for res, soft, hard in ((resource.RLIMIT_AS, mb, mb), (resource.RLIMIT_CPU, cpu, cpu + 1),
                             (resource.RLIMIT_FSIZE, lim["file_size_kb"] << 10, lim["file_size_kb"] << 10),
                             (resource.RLIMIT_NOFILE, lim["open_files"], lim["open_files"]),
                             (resource.RLIMIT_NPROC, lim["processes"], lim["processes"]), (resource.RLIMIT_CORE, 0, 0)):
@@ -506,29 +509,64 @@ def _print_exception(e: BaseException) -> None:
     sys.stderr.write("".join(te.format()))
 
 
-_STATUS = struct.Struct("=idd")  # the code's wait status, user and system CPU seconds
+class CpuWatch:
+    """The code's CPU limit, kept by the process that started it. The kernel's RLIMIT_CPU counts CPU
+    time in scheduler ticks, and under load a busy process is charged whole ticks it shared with
+    processes that woke and slept between them: measured on a 2-core host beside such processes, a
+    `while True: pass` was stopped by RLIMIT_CPU = 2 s after 1.16 s of CPU. The limit, and the status
+    (the CPU time reported is the scheduler's exact one), would then depend on the host's load. The
+    process's CPU clock (clock_getcpuclockid) is the scheduler's exact runtime of all its threads, so
+    the limit is checked on it; RLIMIT_CPU stays as a backstop at CPU_BACKSTOP times the limit."""
+
+    def __init__(self, pid: int, cpu_s: float):
+        self.clock = (~pid << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED): clock_getcpuclockid(pid)
+        self.limit = cpu_s
+        self.cores = max(1, len(os.sched_getaffinity(0)))  # its threads can use at most these at once
+
+    def check(self) -> float | None:
+        """None once the process has used its CPU time, else the seconds it needs at the least to
+        get there (every core busy): when to look again."""
+        try:
+            used = time.clock_gettime(self.clock)
+        except OSError:  # reaped already: its exit is being handled
+            return 1.0
+        return None if used >= self.limit else max(CPU_POLL_S, (self.limit - used) / self.cores)
 
 
-def _init(run_child, fds: list[int], status_w: int) -> None:
-    """PID 1 of the call's PID namespace: start the sandboxed process, reap every process of the call,
-    report the sandboxed process's exit status and CPU time on `status_w`, exit. The kernel then kills
-    whatever else of the call still runs (PID 1 ending ends its namespace)."""
+_STATUS = struct.Struct("=i?dd")  # the code's wait status, whether CpuWatch stopped it, user and system CPU seconds
+
+
+def _init(run_child, fds: list[int], status_w: int, cpu_s: float) -> None:
+    """PID 1 of the call's PID namespace: start the sandboxed process, keep its CPU limit, reap every
+    process of the call, report the sandboxed process's exit status and CPU time on `status_w`, exit.
+    The kernel then kills whatever else of the call still runs (PID 1 ending ends its namespace)."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the handler gone: the call ends with it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # kept pending, for sigtimedwait below
     code_pid = os.fork()
     if code_pid == 0:
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             run_child()
         finally:
             os._exit(EXIT_SETUP)
     _close_except(fds, {status_w})
+    watch, over = CpuWatch(code_pid, cpu_s), False
     while True:
         try:
-            pid, status, ru = os.wait4(-1, 0)
+            pid, status, ru = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             os._exit(EXIT_SETUP)
         if pid == code_pid:
             break
-    os.write(status_w, _STATUS.pack(status, ru.ru_utime, ru.ru_stime))
+        if pid:
+            continue  # an orphan of the call reaped: there may be more
+        wait = 1.0 if over else watch.check()
+        if wait is None:
+            os.kill(code_pid, signal.SIGKILL)
+            over = True
+            continue
+        signal.sigtimedwait({signal.SIGCHLD}, wait)  # a child's exit wakes it at once
+    os.write(status_w, _STATUS.pack(status, over, ru.ru_utime, ru.ru_stime))
     os._exit(0)
 
 
@@ -586,9 +624,9 @@ def classify(lim: dict, reason: str | None, status: int, cpu: float, err: str, n
         return "output", f"output truncated at {lim['output_bytes']} bytes"
     if reason == "timeout":
         return "timeout", f"timed out after {lim['wall_s']:g} s (wall)"
-    # RLIMIT_CPU's SIGXCPU (soft) or SIGKILL (hard), told from a signal the code sent itself by the CPU
-    # time the kernel counted (its tick accounting can read a little under the limit)
-    if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu >= lim["cpu_s"] - 0.1:
+    # CpuWatch's stop, or the RLIMIT_CPU backstop's SIGXCPU (soft) or SIGKILL (hard), told from a
+    # signal the code sent itself by the CPU time the kernel counted
+    if reason == "cpu" or (sig in (signal.SIGXCPU, signal.SIGKILL) and cpu >= lim["cpu_s"]):
         return "cpu", f"CPU time limit {lim['cpu_s']} s exceeded"
     if note:
         return "denied", note
@@ -653,7 +691,7 @@ def handle(job: dict, cfg: dict, percall: bool) -> dict:
     pid = os.fork()  # per call: the call's init; otherwise the sandboxed process itself
     if pid == 0:
         try:
-            _init(run_child, fds, pipes[3][1]) if percall else run_child()
+            _init(run_child, fds, pipes[3][1], lim["cpu_s"]) if percall else run_child()
         finally:
             os._exit(EXIT_SETUP)
     for _, w in pipes:
@@ -664,13 +702,19 @@ def handle(job: dict, cfg: dict, percall: bool) -> dict:
         pidfd = None
     out = _Output([r for r, _ in pipes[:3]], [lim["output_bytes"], lim["output_bytes"], NOTES_CAP])
     deadline, reason, exited = t0 + lim["wall_s"], None, False
+    cpu_watch = None if percall else CpuWatch(pid, lim["cpu_s"])  # per call, the init keeps the limit
     while not exited:
         left = deadline - time.monotonic()
         if left <= 0:
             reason = "timeout"
             break
+        wait = left if cpu_watch is None else cpu_watch.check()
+        if wait is None:
+            reason = "cpu"
+            break
+        wait = min(left, wait) if pidfd is not None else min(left, wait, 0.01)
         watch = sorted(out.live) + ([pidfd] if pidfd is not None else [])
-        ready, _, _ = select.select(watch, [], [], left if pidfd is not None else min(left, 0.01))
+        ready, _, _ = select.select(watch, [], [], wait)
         for fd in ready:
             if fd == pidfd:
                 exited = True
@@ -696,8 +740,9 @@ def handle(job: dict, cfg: dict, percall: bool) -> dict:
     if percall:
         report = os.read(pipes[3][0], _STATUS.size)
         if len(report) == _STATUS.size:  # the init saw the sandboxed process end
-            status, utime, stime = _STATUS.unpack(report)
+            status, over, utime, stime = _STATUS.unpack(report)
             cpu = utime + stime
+            reason = reason or ("cpu" if over else None)
     duration = time.monotonic() - t0
     for fd in out.fds + [pipes[3][0]] + ([pidfd] if pidfd is not None else []):
         os.close(fd)
