@@ -31,7 +31,7 @@ BASE_PREFIX = "agentkiln-sandbox-"
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 2.0  # wall-clock seconds for the whole run
-    cpu_s: int = 1  # CPU seconds (RLIMIT_CPU counts whole seconds)
+    cpu_s: int = 1  # CPU seconds of the code's process, all threads (whole: the RLIMIT_CPU backstop counts whole seconds)
     memory_mb: int = 256  # address space (RLIMIT_AS), MiB, per process
     output_bytes: int = 8192  # per stream (stdout, stderr): more is cut off and the process killed
     file_size_kb: int = 1024  # largest file it may write (RLIMIT_FSIZE), KiB
