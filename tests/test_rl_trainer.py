@@ -150,6 +150,23 @@ def test_per_family_advantage_normalisation_gives_each_family_unit_rms():
         assert math.sqrt(sum(x * x for x in vals) / len(vals)) == approx(1.0)
 
 
+def test_positive_weight_scales_only_the_positive_advantages():
+    """W-REINFORCE: GRPO's +-0.7071 in a won/lost pair and +1.1547 / -0.5774 in a group of three; with
+    positive_weight 0.1 the positive ones are a tenth, the negative ones unchanged, a tied group 0."""
+    eps = [episode(0, [t(2, reward=1.0)], won=True), episode(0, [t(2)], won=False),
+           episode(1, [t(1, reward=1.0)], won=True), episode(1, [t(1)], won=False), episode(1, [t(1)], won=False),
+           episode(2, [t(1)], won=False), episode(2, [t(1)], won=False)]
+    batch = build_batch(eps, 0)
+    got = per_turn(batch, advantages(batch, eps, RLParams(algorithm="grpo", positive_weight=0.1))[0], eps)
+    a, b = 1 / math.sqrt(2), 2 / math.sqrt(3)  # GRPO with the unbiased std: groups of 2 and 3
+    approx = lambda v: pytest.approx(v, rel=1e-5)  # noqa: E731  (GRPO divides by std + 1e-6)
+    assert got[0] == [[approx(0.1 * a)] * 2] and got[1] == [[approx(-a)] * 2]
+    assert got[2] == [[approx(0.1 * b)]] and got[3] == got[4] == [[approx(-b / 2)]]
+    assert got[5] == got[6] == [[0.0]]
+    plain = per_turn(batch, advantages(batch, eps, RLParams(algorithm="grpo", positive_weight=1.0))[0], eps)
+    assert plain[0] == [[approx(a)] * 2]  # 1: as the estimator computed
+
+
 def test_reinforce_pp_baseline_credit_subtracts_the_group_mean_then_whitens():
     # scores 1 and 0 (group mean 0.5) -> +0.5 on the winner's 3 tokens, -0.5 on the loser's one;
     # whitened over the 4 tokens: mean 0.25, unbiased var 0.25 -> 0.5, 0.5, 0.5, -1.5

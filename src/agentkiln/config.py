@@ -505,6 +505,10 @@ class RLParams(_Strict):
         "none", description="multi-task balance: divide each family's (or task type's) advantages by their root mean "
         "square over its reply tokens, so a family with large or many advantages cannot crowd out the others "
         "(PopArt-style per-task scale normalisation, Hessel et al. 2019); none: as computed")
+    positive_weight: float = Field(
+        1.0, ge=0, le=1, description="multiplies every positive token advantage (negative ones kept): W-REINFORCE "
+        "(Zhu et al. 2025, 'The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning': 0.1 there); "
+        "reinforcing a few lucky samples' tokens can sharpen a small policy onto them; 1: as computed")
     # policy loss
     policy_loss: str = Field("ppo", description="by its registered name (agentkiln.algos.registry: ppo, gspo)")
     clip_low: float = Field(0.2, gt=0, lt=1)

@@ -158,3 +158,10 @@ def scale_normalise(adv: torch.Tensor, keys: list, eps: float = 1e-6) -> torch.T
         if rms > eps:
             out[idx] = adv[idx] / rms
     return out
+
+
+def weight_positive(adv: torch.Tensor, weight: float) -> torch.Tensor:
+    """W-REINFORCE's asymmetry (Zhu et al. 2025): positive advantages times `weight`, negative ones
+    kept. With weight < 1 an update mostly pushes probability away from what lost, letting the policy
+    redistribute it, instead of pulling it onto the tokens of the samples that won."""
+    return torch.where(adv > 0, adv * weight, adv)

@@ -10,7 +10,8 @@ The estimators are registered by name (agentkiln.algos.registry; the built-ins a
 agentkiln.algos.estimators); this module lays the batch's turns and tokens out for them (one
 `Credit`) and writes the result back. With `adv_norm` (family / task_type), each family's (type's)
 token advantages are then divided by their root mean square (algos.advantages.scale_normalise):
-multi-task balance.
+multi-task balance. With `positive_weight` < 1, positive token advantages are then scaled by it
+(W-REINFORCE, algos.advantages.weight_positive).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def advantages(batch: Batch, episodes: list[Episode], p: RLParams, token_kl: tor
     if p.adv_norm != "none":
         key = [getattr(ep, p.adv_norm) or ep.family for ep in episodes]
         tok_adv = A.scale_normalise(tok_adv.float(), [key[int(e)] for e in ep_of[tok_turn]])
+    if p.positive_weight != 1.0:
+        tok_adv = A.weight_positive(tok_adv, p.positive_weight)
     out = torch.zeros(batch.loss_mask.shape)
     out[batch.loss_mask] = tok_adv.float()
     return out, returns
