@@ -20,7 +20,7 @@ from agentkiln.rewards.process import ProcessModel
 from agentkiln.rollout.agents import RandomAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode, Turn
-from agentkiln.rollout.potentials import UNREACHABLE
+from agentkiln.rollout.potentials import ENDED, UNREACHABLE
 from agentkiln.synthesis.generate import generate
 from agentkiln.trainers import rl as trainer
 from agentkiln.trainers.credit import shaped_turn_rewards
@@ -94,10 +94,31 @@ def test_potential_shaping_telescopes_to_the_end_potentials():
     won = ep([0.0, 1.0], won=True, to_go=[2, 1], end=0)
     assert potential(won, Context(p.reward, RewardState(p)), p.reward.potential) == pytest.approx(
         [gamma * -0.1 + 0.2, 0.1])
-    hole = ep([0.0], to_go=[3], end=UNREACHABLE)
-    assert potential(hole, Context(p.reward, RewardState(p)), p.reward.potential) == pytest.approx([-0.9 * 5 + 0.3])
+    # a game the task ended lost (a hole, a wrong answer) ends at Phi = 0 too: a terminal state
+    hole = ep([0.0], to_go=[3], end=ENDED)
+    assert potential(hole, Context(p.reward, RewardState(p)), p.reward.potential) == pytest.approx([0.3])
+    # a state the expert cannot win from while the game goes on counts `unreachable` (50) steps
+    stuck = ep([0.0], max_turns=1, to_go=[3], end=UNREACHABLE)
+    assert potential(stuck, Context(p.reward, RewardState(p)), p.reward.potential) == pytest.approx([-0.9 * 5 + 0.3])
     with pytest.raises(ValueError, match="potentials=True"):
         rewards([ep([0.0])], p)
+
+
+def test_potential_shaping_pays_every_ended_episode_the_same_whatever_its_path():
+    # policy invariance (Ng et al. 1999): from one start, a win, a loss the task ended after a detour,
+    # and a loss straight away earn the same discounted shaping, -Phi(s_0); only the outcome differs.
+    # Waiting out the turn limit far from the goal pays less (its last state's Phi counts).
+    gamma, scale = 0.9, 10.0
+    p = RLParams(gamma=gamma, reward={"potential": {"weight": 1.0, "scale": scale}})
+    ctx = Context(p.reward, RewardState(p))
+    won = ep([0.0, 0.0, 1.0], won=True, to_go=[3, 2, 1], end=0)
+    detour = ep([0.0] * 4, max_turns=10, to_go=[3, 4, UNREACHABLE, 5], end=ENDED)
+    hole = ep([0.0], max_turns=10, to_go=[3], end=ENDED)
+    waited = ep([0.0] * 3, max_turns=3, to_go=[3, 4, 5], end=6)
+    def paid(e):
+        return sum(gamma ** k * v for k, v in enumerate(potential(e, ctx, p.reward.potential)))
+    assert paid(won) == pytest.approx(0.3) and paid(detour) == pytest.approx(0.3) and paid(hole) == pytest.approx(0.3)
+    assert paid(waited) == pytest.approx(gamma ** 3 * -0.6 + 0.3)
 
 
 def test_a_looping_policy_cannot_out_earn_a_solving_one_under_the_bound():
@@ -237,14 +258,17 @@ def test_textworld_cooking_distance_decreases_by_one_along_the_experts_path(tmp_
 def test_the_rollout_measures_distances_only_when_asked(lake_pool):
     tasks, tasks_dir = lake_pool
     eps = run_episodes(RandomAgent(seed=1), tasks[:3], tasks_dir, max_turns=6, group_size=2, potentials=True)
+    ended = 0
     for e in eps:
         env = make(next(t for t in tasks if t.task_id == e.task_id), tasks_dir)
         env.reset()
         for turn in e.turns:
             assert turn.to_go == env.model.dist[env.s] and turn.parsed
             env.step(turn.action)
-        assert e.end_to_go == (0 if e.won else env.expert_distance() if env.expert_distance() is not None
-                               else UNREACHABLE)
+        assert e.end_to_go == (0 if e.won else ENDED if env.done else env.expert_distance()
+                               if env.expert_distance() is not None else UNREACHABLE)
+        ended += e.end_to_go == ENDED
+    assert ended  # some random walks ended in a hole: terminal, Phi 0
     plain = run_episodes(RandomAgent(seed=1), tasks[:1], tasks_dir, max_turns=6)
     assert all(t.to_go is None for t in plain[0].turns) and plain[0].end_to_go is None
     # a tool family's reply that is no tool call does not parse (the random agent says nothing)

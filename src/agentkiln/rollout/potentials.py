@@ -2,7 +2,8 @@
 
 After a chunk is played, each episode is replayed in a fresh environment of its task (environments
 are deterministic from reset) and `Env.expert_distance()` is read before every turn and after the
-last one: `Turn.to_go`, `Episode.end_to_go` (UNREACHABLE: the expert cannot win from there). A
+last one: `Turn.to_go`, `Episode.end_to_go` (UNREACHABLE: the expert cannot win from there; ENDED:
+the task ended the episode without a win, a terminal state, which shaping gives Phi = 0). A
 distance is cached per (task, anchor), the end state's per (task, last anchor, last action): an
 episode whose states are all known is not replayed, so a group's shared states cost nothing. States
 the anchor does not tell apart share the first value measured (TextWorld's anchor leaves out whether
@@ -16,7 +17,8 @@ from pathlib import Path
 from agentkiln.envs import TaskSpec, make
 from agentkiln.rollout.episode import Episode
 
-UNREACHABLE = -1  # to_go of a state the expert cannot win from (a lost game)
+UNREACHABLE = -1  # to_go of a state the expert cannot win from (a lost game still being played)
+ENDED = -2  # end_to_go of an episode the task ended without a win (a hole, a wrong answer): terminal
 
 
 def measure(episodes: list[Episode], tasks: list[TaskSpec], tasks_dir: str | Path | None,
@@ -55,5 +57,7 @@ def _replay(ep: Episode, task: TaskSpec, tasks_dir, keys: list, end_key: tuple, 
 
 
 def _distance(env) -> int:
+    if env.done:  # the replica has room for every turn: only the task ends it
+        return 0 if env.won else ENDED
     d = env.expert_distance()
     return UNREACHABLE if d is None else d
