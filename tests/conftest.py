@@ -283,6 +283,52 @@ def _pinned_threads():
     torch.set_num_threads(before)
 
 
+# What points MLflow at a store, process-wide: mlflow.set_tracking_uri / set_registry_uri / set_experiment
+# export these for subprocesses, and tracking.setup() reads MLFLOW_TRACKING_URI.
+_MLFLOW_STORE_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
+                     "MLFLOW_RUN_ID", "AGENTKILN_PARENT_RUN_ID")
+
+
+def _mlflow_globals() -> tuple | None:
+    """MLflow's process-wide store choice and tracking.setup()'s memo, or None while neither module is loaded."""
+    import sys
+
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    registry = sys.modules.get("mlflow.tracking._model_registry.utils")
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    ours = sys.modules.get("agentkiln.tracking")
+    if utils is None or registry is None or fluent is None:
+        return None
+    return (utils._tracking_uri, registry._registry_uri, fluent._active_experiment_id,
+            getattr(ours, "_setup_state", None))
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_store_stays_put():
+    """Every test ends with MLflow pointing where it pointed when the test began. A test that calls
+    mlflow.set_tracking_uri on a store it then stops (the e2e pipeline's MLflow server on CI) would
+    otherwise send every later test of its xdist worker to that dead server ("connection refused" in an
+    unrelated test, CI of 2026-11-28)."""
+    env = {k: os.environ.get(k) for k in _MLFLOW_STORE_ENV}
+    before = _mlflow_globals()
+    yield
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    after = _mlflow_globals()
+    if after is not None and after != before:
+        import sys
+
+        tracking_uri, registry_uri, experiment_id, setup_state = before or (None, None, None, None)
+        sys.modules["mlflow.tracking._tracking_service.utils"]._tracking_uri = tracking_uri
+        sys.modules["mlflow.tracking._model_registry.utils"]._registry_uri = registry_uri
+        sys.modules["mlflow.tracking.fluent"]._active_experiment_id = experiment_id
+        if "agentkiln.tracking" in sys.modules:
+            sys.modules["agentkiln.tracking"]._setup_state = setup_state
+
+
 def ablation_repo(root):
     """A FrozenLake rl/test split (3 tasks each, sealed manifests) under root/data/tasks and a scratch
     `sft` policy under root/models/sft: what an ablation run reads. Returns the tasks directory."""

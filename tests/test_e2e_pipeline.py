@@ -261,16 +261,16 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
 
 def test_mlflow_holds_pipeline_run_children_and_champion(repo):
     dst, env, _ = repo
-    import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    runs = mlflow.search_runs(experiment_names=["agentkiln"], output_format="list")
+    # a client of the run's store, not mlflow.set_tracking_uri: that would point this whole test process
+    # at a server the store fixture stops after this module
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"], env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("agentkiln").experiment_id], max_results=1000)
     parents = [r for r in runs if r.info.run_name == "pipeline"]
     assert len(parents) == 1
     children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
     assert {"synthesize", "sft", "rl-h3", "rl-h6", "distill", "evaluate", "promote"} <= children
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"], env["MLFLOW_TRACKING_URI"])
     champion = client.get_model_version_by_alias("agentkiln-policy", "champion")
     assert champion.tags["lineage.params_hash"]
     assert any(k.startswith("lineage.data.") for k in champion.tags)
