@@ -16,8 +16,9 @@ from pathlib import Path
 from prefect import Flow, Task
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter
 from prefect.flow_engine import run_flow as run_prefect_flow
-from prefect.states import Completed, Failed, Pending, Running
+from prefect.states import Completed, Crashed, Failed, Pending, Running
 
 import flows
 from agentkiln import tracking
@@ -52,6 +53,29 @@ def call_flow(flow: Flow, **kwargs):
     finally:
         with get_client(sync_client=True) as client:
             client.set_task_run_state(task_run.id, Completed() if ok else Failed(), force=True)
+
+
+def crash_unfinished_stage_runs(parent: str, why: str) -> list[str]:
+    """After the pipeline stopped its stage processes (Ctrl-C, SIGTERM): end as CRASHED the stage
+    flow runs under flow run `parent`, and the task runs linking them, that are still not final. A
+    stage reports its own crash when it can; one stopped before Prefect's handlers were in place, or
+    SIGKILLed after its grace period, cannot, and would show RUNNING in the UI for ever. Best effort
+    (the run is stopping): returns the names of the runs it ended."""
+    ended = []
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id={"any_": [parent]}))
+            links = client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id={"any_": [parent]}))
+            for run in runs:
+                if run.state is None or not run.state.is_final():
+                    client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+                    ended.append(run.name)
+            for link in links:
+                if link.state is None or not link.state.is_final():
+                    client.set_task_run_state(link.id, Crashed(message=why), force=True)
+    except Exception as e:  # the server gone too: nothing more to do here
+        print(f"agentkiln: could not mark the stopped stages' Prefect runs crashed ({e})", file=sys.stderr)
+    return ended
 
 
 class MissingInput(UserError, FileNotFoundError):

@@ -27,7 +27,7 @@ from agentkiln.relay import Relay
 from agentkiln.config import ParamsError, load_params
 from agentkiln.errors import UserError
 from agentkiln.stages.summary import pipeline_metrics, pipeline_summary
-from flows._stage import PARENT_FLOW_RUN_ENV, publish, run_flow
+from flows._stage import PARENT_FLOW_RUN_ENV, crash_unfinished_stage_runs, publish, run_flow
 from flows.promote import promote_flow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,14 @@ def dvc(args: list[str]) -> None:
         env[PARENT_FLOW_RUN_ENV] = str(runtime.flow_run.id)
     env["PYTHONUNBUFFERED"] = "1"
     # progress bars thinned to their first and last lines (and one every 30 s): agentkiln.relay
-    rc = lifecycle.run_group(lifecycle.child_argv("dvc", args), env=env, stdin=subprocess.DEVNULL, on_line=Relay(print))
+    try:
+        rc = lifecycle.run_group(lifecycle.child_argv("dvc", args), env=env, stdin=subprocess.DEVNULL, on_line=Relay(print))
+    except BaseException as e:  # stopped (Ctrl-C, SIGTERM): DVC's group is gone, perhaps before a stage said so
+        if runtime.flow_run.id:
+            ended = crash_unfinished_stage_runs(str(runtime.flow_run.id), f"the pipeline was stopped ({e or type(e).__name__})")
+            if ended:  # their processes could not say so themselves
+                print(f"agentkiln: marked crashed in Prefect: {', '.join(ended)}", file=sys.stderr)
+        raise
     if rc != 0:
         raise StageFailed(f"`dvc {args[0]}` stopped with exit status {rc}: the failing stage's error is above")
 

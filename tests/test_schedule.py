@@ -177,13 +177,33 @@ def test_work_pool_worker_runs_the_deployment(server, repo, tmp_path):
         stop_process(worker)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, sig):
+def stage_processes(pid: int) -> list[int]:
+    """The stage processes (`python -m flows.<stage>`) under process `pid`."""
+    from agentkiln.lifecycle import children
+
+    found = []
+    for p in children(pid):
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(b"flows.") and a != b"flows.pipeline" for a in argv):
+            found.append(p)
+    return found
+
+
+@pytest.mark.parametrize("sig,frozen", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["ctrl-c", "sigterm", "ctrl-c-stage-frozen"])
+def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, sig, frozen):
     """Ctrl-C (SIGINT) or `kill` (SIGTERM) in the middle of a stage: the pipeline run, the stage's
-    subflow run and the task run linking them end in a final state (CRASHED), none stays RUNNING."""
+    subflow run and the task run linking them end in a final state (CRASHED), none stays RUNNING.
+    `frozen`: the stage process is SIGSTOPped first, so it cannot report its own crash (as one stopped
+    before Prefect's handlers are in place, or SIGKILLed after its grace period): the pipeline marks
+    its run crashed once DVC's group is gone."""
     from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter
 
     dst, env = repo
+    stopped = []
     with client(server) as c:
         before = {r.id for r in c.read_flow_runs(limit=200)}
         proc = background([sys.executable, "-m", "flows.pipeline", "--force"], dst, env, tmp_path / "stopped.log")
@@ -194,10 +214,19 @@ def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, s
                 return new if any(r.parent_task_run_id for r in new) else None
 
             running = wait_for("a stage running under the pipeline", a_stage_running, 120, proc)
+            if frozen:
+                stopped = wait_for("the stage's process", lambda: stage_processes(proc.pid) or None, 30, proc)
+                for p in stopped:
+                    os.kill(p, signal.SIGSTOP)
             proc.send_signal(sig)
             proc.wait(timeout=60)
         finally:
             stop_process(proc)
+            for p in stopped:  # SIGKILLed by the pipeline already, unless the test failed before
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         assert proc.returncode == (130 if sig == signal.SIGINT else 128 + signal.SIGTERM), proc.log.read_text()[-3000:]
         pipeline = next(r for r in running if not r.parent_task_run_id)
         runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id for r in running]}))
@@ -205,6 +234,10 @@ def test_a_stopped_pipeline_leaves_no_flow_run_running(server, repo, tmp_path, s
                                                                              if r.parent_task_run_id]}))
         assert {r.name: r.state.type.value for r in runs} == {r.name: "CRASHED" for r in runs}, (pipeline.name, proc.log.read_text()[-3000:])
         assert all(t.state.is_final() for t in tasks), [(t.name, t.state) for t in tasks]
+        if frozen:  # the pipeline, not the frozen stage, ended the stage's run, saying why
+            stages = [r for r in runs if r.parent_task_run_id]
+            assert stages and all("the pipeline was stopped" in (r.state.message or "") for r in stages), \
+                [(r.name, r.state.message) for r in stages]
 
 
 def test_a_schedule_without_a_prefect_server_is_refused(tmp_path):
