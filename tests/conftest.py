@@ -5,6 +5,7 @@ Set before any library import (pytest imports conftest first)."""
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -291,8 +292,6 @@ _MLFLOW_STORE_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPER
 
 def _mlflow_globals() -> tuple | None:
     """MLflow's process-wide store choice and tracking.setup()'s memo, or None while neither module is loaded."""
-    import sys
-
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     registry = sys.modules.get("mlflow.tracking._model_registry.utils")
     fluent = sys.modules.get("mlflow.tracking.fluent")
@@ -319,8 +318,6 @@ def _mlflow_store_stays_put():
             os.environ[k] = v
     after = _mlflow_globals()
     if after is not None and after != before:
-        import sys
-
         tracking_uri, registry_uri, experiment_id, setup_state = before or (None, None, None, None)
         sys.modules["mlflow.tracking._tracking_service.utils"]._tracking_uri = tracking_uri
         sys.modules["mlflow.tracking._model_registry.utils"]._registry_uri = registry_uri
