@@ -188,6 +188,7 @@ def at_shape(args) -> None:
     p = base.model_copy(update={
         "algorithm": "ppo", "iterations": args.iterations, "episode_budget": None, "tasks_per_iter": args.tasks_per_iter,
         "max_turns": 4, "max_reply_tokens": args.max_reply_tokens, "decoding": {"default": "free"}, "kl_coef": 0.0,
+        "mix": {},  # its own pool of one type: the pipeline stage's mix names the pipeline pool's types
         "asynchronous": base.asynchronous.model_copy(update={"worker": "thread", "chunk_episodes": None})})
     with tempfile.TemporaryDirectory(prefix="agentkiln-async-bench-") as tmp:
         tasks_dir = Path(tmp) / "tasks"

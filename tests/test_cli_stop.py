@@ -32,7 +32,8 @@ TINY = {
                                    "vocab_size": 512}},
     # long enough that the stage is at work when the signal comes
     "rl": {"defaults": {"iterations": 500, "episode_budget": None, "tasks_per_iter": 2, "group_size": 2,
-                        "max_turns": 4}},
+                        "max_turns": 4},
+           "stages": {"main": {"init": "sft"}}},  # the default stage's mix names types this pool lacks
 }
 
 

@@ -106,7 +106,7 @@ def edit(tmp_path, old: str, new: str) -> Path:
         ("  epochs: 10\n", "  epochs: true\n", "sft.epochs = True: Input should be a valid integer (got bool"),
         ("  epochs: 10\n", '  epochs: "3"\n', "sft.epochs = '3': Input should be a valid integer (got str"),
         ("    hidden_size: 128\n", "    hidden_size: 1e6\n", "sft.model.hidden_size = 1000000.0: Input should be a valid integer"),
-        ("    main: {init: sft}\n", "    main: {init: sft, ppo_epochs: true}\n", "stages.main.ppo_epochs = True: Input should be a valid integer"),
+        ("    main: {init: sft, ", "    main: {init: sft, ppo_epochs: true, ", "stages.main.ppo_epochs = True: Input should be a valid integer"),
         ("    temperature: 0.7 ", '    temperature: "0.7" ', "rl.defaults.temperature = '0.7': Input should be a valid number"),
         # finite, bounded numbers
         ("    temperature: 0.7 ", "    temperature: .inf ", "rl.defaults.temperature = inf: Input should be a finite number"),
@@ -121,7 +121,7 @@ def edit(tmp_path, old: str, new: str) -> Path:
         ("\nseed: 0\n", "\nseed: 99999999999\n", "  - seed = 99999999999: Input should be less than or equal to 4294967295"),
         # duplicate keys: YAML keeps the last one silently
         ("  epochs: 10\n", "  epochs: 10\n  epochs: 3\n", "duplicate key sft.epochs (first at line"),
-        ("    main: {init: sft}\n", "    main: {init: sft, init: rl/main}\n", "duplicate key rl.stages.main.init"),
+        ("    main: {init: sft, ", "    main: {init: sft, init: rl/main, ", "duplicate key rl.stages.main.init"),
         # a model source that is not there fails at load, not later as a hub id
         ("    source: scratch      #", "    source: /nonexistent      #",
          "sft.model.source = '/nonexistent': Value error, model directory /nonexistent does not exist"),
@@ -230,7 +230,7 @@ VAL_SPLIT = "    val:  {n_tasks: 160, seed: 5, mix: {cooking: 0.25, frozenlake_e
     ([("  init: sft\n  panel", "  init: rl/warmup\n  panel")],
      "  - ablation.init = 'rl/warmup': not a model the pipeline writes; use one of sft, rl/main, distilled"),
     # DeepSpeed ranks: what the rl stage refuses, after synthesize and sft ran
-    ([DEEPSPEED, ("    main: {init: sft}", "    main: {init: sft, algorithm: ppo}")],
+    ([DEEPSPEED, ("    main: {init: sft, ", "    main: {init: sft, algorithm: ppo, ")],
      "  - rl.stages.main.algorithm = 'ppo' with compute.backend = 'deepspeed': the critic is not trained on ranks"),
     ([DEEPSPEED, ("    algorithm: gigpo ", "    algorithm: ppo ")],
      "  - rl.defaults.algorithm = 'ppo' (stage main inherits it) with compute.backend = 'deepspeed'"),
@@ -244,10 +244,10 @@ VAL_SPLIT = "    val:  {n_tasks: 160, seed: 5, mix: {cooking: 0.25, frozenlake_e
     ([("    backend: hf ", "    backend: vllm "), ("      python: null ", "      python: /nowhere/bin/python ")],
      "  - compute.rollout.vllm.python = '/nowhere/bin/python': not an executable file"),
     # vLLM holds one set of weights: one iteration in flight at most
-    ([("    backend: hf ", "    backend: vllm "), ("    main: {init: sft}", "    main: {init: sft, asynchronous: {max_staleness: 2}}")],
+    ([("    backend: hf ", "    backend: vllm "), ("    main: {init: sft, ", "    main: {init: sft, asynchronous: {max_staleness: 2}, ")],
      "  - rl.stages.main: asynchronous.max_staleness = 2 with compute.rollout.backend = 'vllm'"),
     # Ray rollout actors need a Ray session
-    ([("    main: {init: sft}", "    main: {init: sft, asynchronous: {max_staleness: 1, worker: ray}}")],
+    ([("    main: {init: sft, ", "    main: {init: sft, asynchronous: {max_staleness: 1, worker: ray}, ")],
      "  - rl.stages.main: asynchronous.worker = 'ray' without compute.ray.enabled"),
 ])
 def test_contradictory_settings_are_refused_at_load(tmp_path, pairs, expected):
@@ -283,7 +283,7 @@ def test_consistent_neighbours_of_the_contradictions_still_load(tmp_path):
                              ("offload_params: false", "offload_params: true"))).compute.deepspeed.zero_stage == 3
     assert load_params(edits(tmp_path, ("    backend: hf ", "    backend: vllm "))).compute.rollout.backend == "vllm"
     assert load_params(edits(tmp_path, DEEPSPEED, ("    backend: hf ", "    backend: vllm "))).compute.backend == "deepspeed"
-    assert load_params(edits(tmp_path, ("    main: {init: sft}", "    main: {init: sft, algorithm: ppo}")))
+    assert load_params(edits(tmp_path, ("    main: {init: sft, ", "    main: {init: sft, algorithm: ppo, ")))
     p = load_params(edits(tmp_path, ("  model_name: agentkiln-policy", "  model_name: Team Policy_v2.1@eu")))
     assert p.promote.model_name == "Team Policy_v2.1@eu"
     p = load_params(edits(tmp_path, (POLICIES, "  policies: [random, sft, rl]"), (COMPARE, "  compare: [[rl, sft]]"),

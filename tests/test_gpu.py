@@ -190,7 +190,8 @@ def test_set_overrides_inside_flow_mappings_new_keys_and_the_whole_file_fallback
                                       "rl.defaults.decoding={default: free}", "rl.defaults.lr=1e-4"]]
     text, merged, kept = ap.apply(original, sets)
     assert kept and read_yaml(text) == merged
-    assert "    main: {init: sft, max_turns: 8}" in text and merged["rl"]["defaults"]["lr"] == 1e-4
+    assert "    main: {init: sft, mix: {cooking: 1, frozenlake_easy: 1, frozenlake_5: 1}, max_turns: 8}" in text
+    assert merged["rl"]["defaults"]["lr"] == 1e-4
     # a key the section lacks is added to it
     text, merged, kept = ap.apply(original.replace("    tis_cap: null", "    # (tis_cap left out)"),
                                   [ap.parse_set("rl.defaults.tis_cap=2.0")])

@@ -72,6 +72,29 @@ def test_format_invalid_and_truncation_penalties_land_on_their_turns():
     assert shaped_turn_rewards([e], params(bound=10, format=0.2, invalid=0.1, truncation=0.5)) == got
 
 
+def test_failure_lands_on_the_turn_the_task_ended_lost_and_only_for_its_families():
+    hole = ep([0.0, 0.0], max_turns=10)  # ended by the task on turn 2 (a hole): no win, turns left
+    wandering = ep([0.0] * 3, max_turns=3)  # ran out of turns: no failure (truncation's case)
+    won = ep([0.0, 1.0], won=True, max_turns=10)
+    got, means = rewards([hole, wandering, won], params(bound=10, failure=0.5))
+    assert got == [[0.0, -0.5], [0.0, 0.0, 0.0], [0.0, 1.0]]
+    assert means["failure"] == pytest.approx(-0.5 / 3)
+    # a lost group no longer scores alike: the hole is below the walk that ran out of time
+    assert sum(got[0]) < sum(got[1]) < sum(got[2])
+    words = ep([0.0, 0.0], max_turns=10)
+    words.family = "python-tool"  # a wrong answer: penalised only where its family is named
+    only_lakes = params(bound=10, failure={"weight": 0.5, "families": ["gym-toytext"]})
+    assert rewards([hole, words], only_lakes)[0] == [[0.0, -0.5], [0.0, 0.0]]
+    assert rewards([words], params(bound=10, failure=0.5))[0] == [[0.0, -0.5]]
+    # bounded like every shaping component
+    assert rewards([hole], params(bound=0.2, failure=1.0))[0] == [[0.0, pytest.approx(-0.2)]]
+
+
+def test_failure_families_are_checked_against_the_catalog():
+    with pytest.raises(ValueError, match="unknown families \\['lake'\\]"):
+        params(failure={"weight": 0.5, "families": ["lake"]})
+
+
 def test_overlong_penalty_at_the_boundaries():
     # budget 16, buffer 4: free up to 12 tokens, then linear to -1 at 16, -1 beyond
     assert [overlong(n, 16, 4) for n in (0, 12, 13, 14, 16, 17, 100)] == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]

@@ -39,7 +39,8 @@ TINY = {
         "val": {"n_tasks": 1, "seed": 15, "mix": {"frozenlake_easy": 1.0}}}},
     "sft": {"epochs": 1, "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
                                    "vocab_size": 512}},
-    "rl": {"defaults": {"iterations": 1, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4}},
+    "rl": {"defaults": {"iterations": 1, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4},
+           "stages": {"main": {"init": "sft"}}},  # the default stage's mix names types this pool lacks
     "distill": {"epochs": 1, "samples_per_task": 1, "max_turns": 4,
                 "student": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}},
     "evaluate": {"max_turns": 4, "pass_k": {"samples": 1, "policies": ["sft"]}},

@@ -341,13 +341,25 @@ class LengthReward(RewardComponent):
     buffer: int = Field(4, ge=1, le=65536, description="DAPO's soft zone: the last `buffer` tokens of the reply budget")
 
 
+class FailureReward(RewardComponent):
+    families: list[str] = Field([], description="the families whose lost endings it penalises ([]: every family)")
+
+    @field_validator("families")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = sorted(set(v) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"unknown families {unknown}; known: {sorted(FAMILIES)}")
+        return v
+
+
 class PotentialReward(RewardComponent):
     scale: float = Field(10.0, gt=0, le=1e6, description="Phi(s) = -(expert's steps to go from s) / scale")
     unreachable: int = Field(50, ge=1, le=BIG, description="steps to go counted for a state the expert cannot win from")
 
 
 class AdaptiveReward(RewardComponent):
-    base: Literal["potential", "format", "invalid", "truncation", "length", "process", "judge"] = Field(
+    base: Literal["potential", "format", "invalid", "truncation", "failure", "length", "process", "judge"] = Field(
         "potential", description="the component scaled per task type by 1 - that type's success")
     decay: float = Field(0.8, ge=0, lt=1, description="EMA of each type's success: weight of the old estimate")
 
@@ -376,6 +388,7 @@ class RewardParams(_Strict):
     format: RewardComponent = RewardComponent()
     invalid: RewardComponent = RewardComponent()
     truncation: RewardComponent = RewardComponent()
+    failure: FailureReward = FailureReward()
     length: LengthReward = LengthReward()
     potential: PotentialReward = PotentialReward()
     adaptive: AdaptiveReward = AdaptiveReward()

@@ -67,6 +67,19 @@ def truncation(ep: Episode, ctx: Context, cfg) -> list[float]:
     return out
 
 
+@component("failure")
+def failure(ep: Episode, ctx: Context, cfg) -> list[float]:
+    """-1 on the last turn of an episode the task itself ended without a win (a FrozenLake hole, a wrong
+    answer), of a family in `cfg.families` (all when empty); 0 for one cut by the turn limit. With a 0/1
+    outcome every lost episode of a group scores the same, so a group that never wins teaches nothing;
+    this one tells an episode that stepped into a hole from one still walking when time ran out (GiGPO's
+    step groups then compare the actions taken from one state by whether they ended the game)."""
+    out = [0.0] * len(ep.turns)
+    if out and not ep.won and not ep.truncated and (not cfg.families or ep.family in cfg.families):
+        out[-1] = -1.0
+    return out
+
+
 def overlong(n: int, budget: int, buffer: int) -> float:
     """DAPO's soft overlong penalty of an n-token reply under a budget of L tokens: 0 up to L - buffer,
     then linear down to -1 at L, -1 beyond."""
