@@ -118,7 +118,7 @@ def test_oracle_works_from_any_state():
 def test_check_names_the_bad_knob():
     good = dict(gen.LEVELS["medium"])
     for knob, value in (("numbers", 1), ("magnitude", 5), ("ops", "+x"), ("ops", ""), ("ops", "++"),
-                        ("kind", "algebra"), ("steps", 0), ("max_turns", 1), ("numbers", True)):
+                        ("kind", "algebra"), ("steps", 0), ("max_turns", 1), ("numbers", True), ("oracle", "prose")):
         with pytest.raises(ValueError, match=f"knob {knob} ="):
             gen.check({**good, knob: value})
     with pytest.raises(ValueError, match="knob steps = 4: must be at most numbers - 1 = 3"):
@@ -260,3 +260,25 @@ def test_all_three_tool_paths_give_the_same_observation():
     again = env2.step(f"python[{code}]")
     assert (fast.info["tool_path"], slow.info["tool_path"], again.info["tool_path"]) == ("fast", "sandbox", "cached")
     assert fast.observation.text == slow.observation.text == again.observation.text == "Output: 45"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sentence_oracle_writes_one_statement_per_sentence_and_wins(seed):
+    knobs = {"kind": "arithmetic", "numbers": 6, "magnitude": 50, "ops": "+-*/", "steps": 3, "max_turns": 6}
+    plain, task = gen.candidate(seed, knobs), gen.candidate(seed, {**knobs, "oracle": "sentences"})
+    if task is None:
+        return
+    d = task.data
+    # the same problem: the knob adds the program and draws nothing else
+    assert "program" not in plain.data and {k: v for k, v in d.items() if k != "program"} == plain.data
+    statements, sentences = d["program"].split("; "), d["question"].split(". ")
+    assert len(statements) == len(sentences) == knobs["numbers"] + 1  # start, changes, distractors, question
+    for sentence, statement in zip(sentences, statements[:-1]):
+        person, value = statement.split(" = ")
+        assert sentence.split()[0] in (person, "Each") and value.split()[-1] in sentence.split()
+    env = make(task)
+    env.reset()
+    assert env.expert_action() == f"python[{d['program']}]"
+    res = env.step(env.expert_action())
+    assert res.observation.text == f"Output: {d['answer']}"
+    assert env.step(env.expert_action()).reward == 1.0

@@ -29,8 +29,9 @@ Knobs: `kind` (countdown | arithmetic | mixed, drawn per task), `numbers` (how m
 problem shows: state size), `magnitude` (largest number), `ops` (allowed operators: action space),
 `steps` (operations in the solution: solution length), `max_turns`.
 
-Oracle: `python[print(<solution expression>)]`, then, once a tool output showed the gold value,
-`answer[<expression or number>]`.
+Oracle: `python[print(<solution expression>)]` (or, where the task's data holds a `program`, the
+generator's `oracle: sentences`, `python[<program>]`: one statement per sentence), then, once a tool
+output showed the gold value, `answer[<expression or number>]`.
 """
 
 from __future__ import annotations
@@ -200,5 +201,5 @@ class PythonToolEnv(Env):
     def _expert(self) -> str | None:
         d = self.task.data
         if not self.checked:
-            return f"python[print({d['solution']})]"
+            return f"python[{d['program']}]" if "program" in d else f"python[print({d['solution']})]"
         return f"answer[{d['solution'] if self.kind == 'countdown' else _fmt(self.gold)}]"
