@@ -358,6 +358,41 @@ def test_every_algorithm_trains_and_reports_health(lake_pool, texts, algorithm, 
     assert len(moved) == len(trained) and moved[0] > 0, moved
 
 
+def test_guidance_trains_the_experts_turns_and_counts_only_the_policys_own_success(lake_pool, texts, monkeypatch):
+    tasks, tasks_dir = lake_pool
+    pol, ref = policy(texts), policy(texts)
+    p = RLParams(algorithm="gigpo", iterations=2, tasks_per_iter=3, group_size=4, max_turns=12, lr=1e-2,
+                 minibatch_size=12, guidance={"per_group": 2})
+    seen = []  # per iteration: (every episode played, the batch trained)
+    real_collect, real_update = trainer.collect, trainer.update
+
+    def spy_collect(*args, **kw):
+        out = real_collect(*args, **kw)
+        seen.append([out[1]])
+        return out
+
+    def spy_update(engine, policy, critic, batch, *args, **kw):
+        seen[-1].append(batch)
+        return real_update(engine, policy, critic, batch, *args, **kw)
+
+    monkeypatch.setattr(trainer, "collect", spy_collect)
+    monkeypatch.setattr(trainer, "update", spy_update)
+    hist = trainer.train_rl(pol, ref, tasks, tasks_dir, p, seed=0)
+    for h, (played, *batch) in zip(hist, seen):
+        own = [ep for ep in played if ep.guide_at is None]
+        guided = [ep for ep in played if ep.guide_at is not None]
+        assert len(own) == len(guided) == 6  # two of every group of four
+        assert h["success"] == sum(ep.won for ep in own) / 6
+        assert h["guided/success"] == sum(ep.won for ep in guided) / 6
+        turns = [t for ep in played for t in ep.turns]
+        assert h["guided/turn_share"] == sum(t.guided for t in turns) / len(turns) > 0
+    # a random-init policy rarely wins a lake; the expert's continuations do, so their groups vary
+    # and the expert's turns reach the update with a positive advantage
+    expert_adv = [t.advantage for played, *_ in seen for ep in played for t in ep.turns
+                  if t.guided and t.advantage is not None]
+    assert expert_adv and max(expert_adv) > 0
+
+
 def test_episode_budget_stops_training(lake_pool, texts):
     tasks, tasks_dir = lake_pool
     pol, ref = policy(texts), policy(texts)

@@ -8,7 +8,7 @@ import torch
 from agentkiln.config import ModelParams
 from agentkiln.policy import AgentFormat, build_scratch_policy
 from agentkiln.rollout.agents import PolicyAgent, RandomAgent, decoding_mode
-from agentkiln.rollout.decoding import ActionTrie
+from agentkiln.rollout.decoding import ActionTrie, sample
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.kv import KVRows, plan_groups
 from agentkiln.rollout.sequence import render
@@ -188,3 +188,46 @@ def test_random_agent_is_seeded_and_admissible(lake_pool):
     b = run_episodes(RandomAgent(3), tasks, tasks_dir, 8)
     assert [[t.action for t in e.turns] for e in a] == [[t.action for t in e.turns] for e in b]
     assert all(t.action in t.admissible and not t.invalid for e in a for t in e.turns)
+
+
+def test_guided_episodes_play_the_expert_from_their_turn_with_the_policys_logprobs(lake_pool):
+    tasks, tasks_dir = lake_pool
+    pol = policy(tasks, tasks_dir)
+    eps = run_episodes(PolicyAgent(pol, temperature=1.0, seed=4), tasks, tasks_dir, 20, group_size=4, guided=2, seed=9)
+    for g in range(len(tasks)):
+        group = eps[4 * g : 4 * g + 4]
+        assert [ep.guide_at is None for ep in group] == [True, True, False, False]  # the group's last two
+        for ep in group[2:]:
+            # the drawn turn lies below the expert's distance from the start (6 steps or more on these lakes)
+            assert 0 <= ep.guide_at < 20
+            for k, t in enumerate(ep.turns):
+                assert t.guided == (k >= ep.guide_at)
+            if len(ep.turns) > ep.guide_at:  # the policy lived to the drawn turn: the expert wins from there
+                assert ep.won
+    # the expert's replies are its actions' reply ids, scored by the policy as the trainer will score them
+    batch = build_batch(eps, pol.pad_id)
+    logp, _ = token_logprobs(pol.model, batch)
+    assert torch.allclose(logp, batch.flat(batch.old_logp), atol=1e-5)
+    guided_turns = [(ep, t) for ep in eps for t in ep.turns if t.guided]
+    assert guided_turns
+    for ep, t in guided_turns:
+        env_action = t.action
+        assert ep.ids[t.start : t.end] == pol.chat.reply(env_action)
+    # the same seeds draw the same turns and play the same episodes; guidance off leaves no trace
+    again = run_episodes(PolicyAgent(pol, temperature=1.0, seed=4), tasks, tasks_dir, 20, group_size=4, guided=2, seed=9)
+    assert [e.ids for e in again] == [e.ids for e in eps] and [e.guide_at for e in again] == [e.guide_at for e in eps]
+    plain = run_episodes(PolicyAgent(pol, temperature=1.0, seed=4), tasks, tasks_dir, 20, group_size=4)
+    assert all(e.guide_at is None and not e.guided for e in plain)
+
+
+def test_a_forced_token_keeps_its_logprob_and_the_other_rows_draws():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 10)
+    allowed = [[1, 2, 3], None, [4, 5]]
+    gen = torch.Generator().manual_seed(5)
+    free = sample(logits, allowed, 0.7, False, gen)
+    gen = torch.Generator().manual_seed(5)
+    tok, lp, ent = sample(logits, allowed, 0.7, False, gen, forced=[3, None, None])
+    assert tok[0] == 3 and tok[1:] == free[0][1:] and lp[1:] == free[1][1:] and ent == free[2]
+    z = (logits[0] / 0.7)[[1, 2, 3]].log_softmax(-1)
+    assert abs(lp[0] - float(z[2])) < 1e-6  # the forced token's log-prob under the masked, tempered policy

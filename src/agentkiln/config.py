@@ -424,6 +424,17 @@ class OfflineParams(_Strict):
     per_iteration: int = Field(16, ge=1, le=65536, description="its episodes added to every iteration's batch (in turn)")
 
 
+class GuidanceParams(_Strict):
+    """Rollout guidance (agentkiln.rollout.engine): in every group some episodes are the policy's up to
+    a turn drawn below the expert's distance from the start, then the expert's to the end (its action's
+    tokens forced, their log-probs the policy's), compared in the group with the policy's own episodes:
+    the expert's move where the policy goes wrong gets the credit (LUFFY's off-policy guidance, Yan et
+    al. 2025; Agent-R's splice of a policy prefix and an expert continuation, Yuan et al. 2025)."""
+
+    per_group: int = Field(0, ge=0, le=1023, description="episodes of each group the expert takes over "
+                           "(0: off); success metrics and task sampling count the policy's own episodes only")
+
+
 class AsyncParams(_Strict):
     """Asynchronous RL (agentkiln.trainers.inflight, docs/rl.md "Asynchronous RL"): the next iteration's
     rollouts play on a snapshot of the weights while this iteration trains, so an episode's policy
@@ -507,6 +518,7 @@ class RLParams(_Strict):
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups, sample more tasks")
     max_sample_rounds: int = Field(3, ge=1, le=100, description="rollout rounds per iteration to fill the batch")
     reward: RewardParams = Field(RewardParams(), description="the turn reward's components (agentkiln.rewards)")
+    guidance: GuidanceParams = GuidanceParams()
     # credit assignment
     gamma: float = Field(0.95, gt=0, le=1, description="GiGPO step-return / GAE discount")
     gae_lambda: float = Field(0.95, ge=0, le=1)
@@ -560,6 +572,10 @@ class RLParams(_Strict):
                              "dealt before this one's groups are known; turn one of them off")
         if any(not (0 <= w < float("inf")) for w in self.mix.values()) or (self.mix and not any(self.mix.values())):
             raise ValueError(f"mix = {self.mix}: weights are finite, >= 0 and not all 0")
+        if self.guidance.per_group >= self.group_size:
+            raise ValueError(f"guidance.per_group = {self.guidance.per_group} with group_size = {self.group_size}: "
+                             "the expert's episodes are compared with the policy's own in each group; leave at "
+                             "least one of the group to the policy")
         if self.offline.split and self.reward.potential.weight:
             raise ValueError("offline.split with reward.potential.weight > 0: a harness's episodes have no expert "
                              "distances to shape with; turn one of them off")
@@ -992,6 +1008,10 @@ def _compute_contradictions(p: Params) -> list[str]:
                        "python of an environment with vllm (or null: the one scripts/install_vllm.sh builds)")
     if c.rollout.backend == "vllm":  # the engine plays on the live policy's weights: one flight at a time
         for name in p.rl.stages:
+            if p.rl.stage(name).guidance.per_group:
+                out.append(f"rl.stages.{name}: guidance.per_group = {p.rl.stage(name).guidance.per_group} with "
+                           "compute.rollout.backend = 'vllm': the expert's tokens are forced in the hf engine only; "
+                           "use the hf backend or guidance.per_group: 0")
             if (k := p.rl.stage(name).asynchronous.max_staleness) > 1:
                 out.append(f"rl.stages.{name}: asynchronous.max_staleness = {k} with compute.rollout.backend = 'vllm': "
                            "vLLM holds one set of weights, so one iteration can be in flight; use max_staleness 1 "

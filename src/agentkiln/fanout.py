@@ -166,6 +166,9 @@ class EnvHost:
     def expert_action(self, key) -> str | None:
         return self.envs[key].expert_action()
 
+    def expert_distance(self, key) -> int | None:
+        return self.envs[key].expert_distance()
+
     def close_group(self, group: int) -> None:
         for key in [k for k in self.envs if k[0] == group]:
             self.envs.pop(key).close()
@@ -173,7 +176,8 @@ class EnvHost:
 
 class RemoteEnv:
     """What an agent sees of an environment on an actor: its family's class attributes (reply budget,
-    tools) and, for the oracle baseline, the expert's next action (one remote call)."""
+    tools) and, for the oracle baseline and rollout guidance, the expert's next action and its distance
+    to a win (one remote call each)."""
 
     def __init__(self, host, key, task: TaskSpec, goal: str, max_turns: int):
         cls = env_class(task.family)
@@ -186,6 +190,11 @@ class RemoteEnv:
         import ray
 
         return ray.get(self._host.expert_action.remote(self._key))
+
+    def expert_distance(self) -> int | None:
+        import ray
+
+        return ray.get(self._host.expert_distance.remote(self._key))
 
 
 _groups = itertools.count()

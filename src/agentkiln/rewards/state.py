@@ -7,7 +7,7 @@ from agentkiln.config import RLParams
 from agentkiln.rewards.adaptive import SuccessEMA
 from agentkiln.rewards.judge import Judge
 from agentkiln.rewards.process import ProcessModel
-from agentkiln.rollout.episode import Episode
+from agentkiln.rollout.episode import Episode, own_episodes
 
 
 class RewardState:
@@ -25,8 +25,9 @@ class RewardState:
             self.judge = Judge.from_settings(r.judge, compute)
 
     def update(self, episodes: list[Episode]) -> dict:
-        """Learn from one iteration's episodes (every one played); returns metrics."""
-        self.success.update(episodes)
+        """Learn from one iteration's episodes (every one played; adaptive success from the policy's own
+        episodes, the process model from all); returns metrics."""
+        self.success.update(own_episodes(episodes))
         return self.process.update(episodes) if self.process is not None else {}
 
     def state_dict(self) -> dict:

@@ -82,23 +82,43 @@ class PolicyAgent:
             constrained = decoding_mode(self.decoding, ep.family, adm) == "constrained"
             tries.append(self._trie(adm, tools) if constrained else None)
         eps = [ep for _, ep, _, _ in live]
-        replies = self.gen.replies(eps, [self.row[id(ep)] for ep in eps], tries, [b for _, _, b, _ in live])
+        forced = [self._expert_ids(ep, envs[k], trie, tools, budget) for (k, ep, budget, tools), trie in zip(live, tries)]
+        extra = {"forced": forced} if any(f is not None for f in forced) else {}
+        replies = self.gen.replies(eps, [self.row[id(ep)] for ep in eps], tries, [b for _, _, b, _ in live], **extra)
         for (k, ep, _, _), trie, (ids, lps, ents, allowed) in zip(live, tries, replies):
             add_reply(ep, ids, lps, ents, allowed if trie else None)
             out[k] = trie.action(ids) if trie else self.policy.chat.decode(ids)
         return out
+
+    def _expert_ids(self, ep: Episode, env: Env, trie: ActionTrie | None, tools: list[dict] | None,
+                    budget: int) -> list[int] | None:
+        """Rollout guidance: the reply ids of the expert's action when the expert plays this turn of
+        `ep` (its `guide_at` reached, the expert able to act, the action one the policy could decode
+        here); the turn is marked guided. None: the policy replies itself."""
+        if ep.guide_at is None or len(ep.turns) - 1 < ep.guide_at:
+            return None
+        action = env.expert_action()
+        if action is None:
+            return None
+        ids = self._trie.reply_ids(action, tools)
+        if (trie is not None and trie.action(ids) != action) or (trie is None and len(ids) > budget):
+            return None
+        ep.turns[-1].guided = True
+        return ids
 
 
 class Generator(Protocol):
     """Reply tokens for a chunk's live episodes: `replies(episodes, rows, tries, budgets)` returns per
     episode (ids, log-probs, entropies, the ids allowed at each step); the prompt is each episode's
     current window (`Episode.window_ids`). `begin(n)` starts a chunk of n rows; `restart(row)`: the
-    row's episode opened a new window."""
+    row's episode opened a new window. `forced` (rollout guidance; passed only when some reply is
+    forced): per episode the reply ids to emit instead of sampling, or None."""
 
     def begin(self, n: int) -> None: ...
     def restart(self, row: int) -> None: ...
     def replies(self, episodes: list[Episode], rows: list[int], tries: list[ActionTrie | None],
-                budgets: list[int]) -> list[tuple[list[int], list[float], list[float], list[list[int]]]]: ...
+                budgets: list[int], forced: list[list[int] | None] | None = None
+                ) -> list[tuple[list[int], list[float], list[float], list[list[int]]]]: ...
 
 
 class HFGenerator:
@@ -118,12 +138,12 @@ class HFGenerator:
         self.kv.restart(row)
         self.fed[row] = 0
 
-    def replies(self, episodes, rows, tries, budgets):
+    def replies(self, episodes, rows, tries, budgets, forced=None):
         self.policy.model.eval()
         with self.policy.autocast():
-            return self._replies(episodes, rows, tries, budgets)
+            return self._replies(episodes, rows, tries, budgets, forced or [None] * len(episodes))
 
-    def _replies(self, episodes, rows, tries, budgets):
+    def _replies(self, episodes, rows, tries, budgets, forced):
         stop = self.policy.chat.stop_ids
         windows = [ep.window_ids(len(ep.windows) - 1) for ep in episodes]
         blocks = {r: w[self.fed[r]:] for r, w in zip(rows, windows)}
@@ -137,8 +157,9 @@ class HFGenerator:
         live = list(range(n))
         while live:
             allowed = [tries[k].allowed(ids[k]) if tries[k] else None for k in live]
+            force = [forced[k][len(ids[k])] if forced[k] is not None else None for k in live]
             toks, lp, ent = sample(torch.stack([logits[rows[k]] for k in live]), allowed, self.temperature,
-                                   self.greedy, self.generator)
+                                   self.greedy, self.generator, force)
             still = []
             for k, a, t, l, e in zip(live, allowed, toks, lp, ent):
                 ids[k].append(t)

@@ -50,19 +50,24 @@ class TrieCache:
         self._reply_ids: dict[tuple, list[int]] = {}
 
     def __call__(self, admissible: list[str], tools: list[dict] | None) -> ActionTrie:
-        seqs = {}
-        for a in admissible:
-            key = (a, bool(tools))
-            if key not in self._reply_ids:
-                self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, a, tools))
-            seqs[a] = self._reply_ids[key]
-        return ActionTrie(seqs)
+        return ActionTrie({a: self.reply_ids(a, tools) for a in admissible})
+
+    def reply_ids(self, action: str, tools: list[dict] | None) -> list[int]:
+        """The reply ids that perform `action` (a trie's path to it; rollout guidance forces them)."""
+        key = (action, bool(tools))
+        if key not in self._reply_ids:
+            self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, action, tools))
+        return self._reply_ids[key]
 
 
 def sample(logits: torch.Tensor, allowed: list[list[int] | None], temperature: float, greedy: bool,
-           generator: torch.Generator | None) -> tuple[list[int], list[float], list[float]]:
+           generator: torch.Generator | None, forced: list[int | None] | None = None
+           ) -> tuple[list[int], list[float], list[float]]:
     """One token per row of `logits` [B, V] (rows with an `allowed` list are masked to it): the
-    tokens, their log-probs and the entropies of the distributions they were drawn from."""
+    tokens, their log-probs and the entropies of the distributions they were drawn from. A row whose
+    `forced` entry is a token takes that token (the expert's, rollout guidance) with its log-prob
+    under the same distribution; the draw is made for every row all the same, so forcing one row
+    leaves the random stream of the others as it was."""
     z = logits.float() / temperature
     if any(a is not None for a in allowed):
         keep = torch.zeros_like(z, dtype=torch.bool)
@@ -77,6 +82,8 @@ def sample(logits: torch.Tensor, allowed: list[list[int] | None], temperature: f
         tok = logp.argmax(-1)
     else:
         tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    if forced is not None and any(f is not None for f in forced):
+        tok = torch.tensor([t if f is None else f for t, f in zip(tok.tolist(), forced)], device=tok.device)
     chosen = logp.gather(-1, tok[:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
     return tok.tolist(), chosen.tolist(), entropy.tolist()

@@ -10,6 +10,7 @@ parallel (`fanout.RemoteEnvs`); otherwise in this process. The agent and the epi
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from tqdm import tqdm
@@ -23,16 +24,24 @@ from agentkiln.rollout.potentials import measure as measure_distances
 
 
 def run_episodes(agent, tasks: list[TaskSpec], tasks_dir: str | Path, max_turns: int | None, group_size: int = 1,
-                 progress: str | None = None, potentials: bool = False) -> list[Episode]:
+                 progress: str | None = None, potentials: bool = False, guided: int = 0, seed: int = 0
+                 ) -> list[Episode]:
     """G episodes per task, in the order of `tasks`. `potentials`: also measure the expert's distance
-    to a win at every state (`Turn.to_go`, `Episode.end_to_go`: rollout.potentials), for shaping."""
+    to a win at every state (`Turn.to_go`, `Episode.end_to_go`: rollout.potentials), for shaping.
+    `guided`: the last that many episodes of every group are guided (rollout guidance): the policy
+    plays them up to a turn drawn uniformly below the expert's distance from the start (seeded by
+    `seed`, the task and the episode's place in its group), and the expert plays on from there."""
     episodes = [Episode(task.task_id, task.family, g, task.task_type) for g, task in enumerate(tasks)
                 for _ in range(group_size)]
     specs = [task for task in tasks for _ in range(group_size)]
+    members = [j for _ in tasks for j in range(group_size)]
     chunk = getattr(agent, "batch_size", None) or len(episodes) or 1
     with tqdm(total=len(episodes), desc=progress, unit="episode", leave=False, disable=True if progress is None else None) as bar:
         for lo in range(0, len(episodes), chunk):
-            _play(agent, episodes[lo : lo + chunk], specs[lo : lo + chunk], tasks_dir, max_turns, bar)
+            sl = slice(lo, lo + chunk)
+            guide = [random.Random(f"{seed}:{specs[i].task_id}:{members[i]}") if members[i] >= group_size - guided
+                     else None for i in range(len(episodes))[sl]]
+            _play(agent, episodes[sl], specs[sl], tasks_dir, max_turns, bar, guide)
     if potentials:
         measure_distances(episodes, specs, tasks_dir)
     return episodes
@@ -71,9 +80,13 @@ class LocalEnvs:
             self._close(i)
 
 
-def _play(agent, episodes: list[Episode], tasks: list[TaskSpec], tasks_dir, max_turns: int | None, bar) -> None:
+def _play(agent, episodes: list[Episode], tasks: list[TaskSpec], tasks_dir, max_turns: int | None, bar,
+          guide: list[random.Random | None]) -> None:
     envs = (fanout.RemoteEnvs if fanout.active() else LocalEnvs)(tasks, tasks_dir, max_turns)
     try:
+        for ep, rng, env in zip(episodes, guide, envs.views):
+            if rng is not None:  # a turn the policy reaches while the expert could still win
+                ep.guide_at = rng.randrange(max(1, env.expert_distance() or 1))
         _lockstep(agent, episodes, envs, bar)
     finally:
         envs.close()

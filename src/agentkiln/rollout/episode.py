@@ -27,6 +27,7 @@ class Turn:
     invalid: bool = False
     tool_error: bool = False
     mistake: bool = False  # a demonstration's injected wrong action: context for SFT, never a target
+    guided: bool = False  # RL guidance: the expert's action, its tokens forced (their log-probs the policy's)
     parsed: bool = True  # the reply parsed to an action (a tool family: to one of its tool calls)
     to_go: int | None = None  # expert's steps to a win from this turn's state, -1: none (potentials=True)
     window: int = 0  # the window this reply was generated in
@@ -59,6 +60,12 @@ class Episode:
     prompt_len: int = 0  # len(c_0)
     windows: list[list[int]] = field(default_factory=list)  # [start, stop) in ids; window 0 starts at 0
     policy_version: int = 0  # the trainer's updates applied to the weights that played it (async RL)
+    guide_at: int | None = None  # RL guidance: from this turn on the expert plays it (None: the policy alone)
+
+    @property
+    def guided(self) -> bool:
+        """The expert played some of its turns (rollout guidance): not the policy's own success."""
+        return any(t.guided for t in self.turns)
 
     @property
     def truncated(self) -> bool:
@@ -94,6 +101,11 @@ class Episode:
         return 0 if start == 0 else self.prompt_len - start
 
 
+def own_episodes(episodes: list[Episode]) -> list[Episode]:
+    """The episodes rollout guidance had no part in (every one when it is off): the policy's own success."""
+    return [ep for ep in episodes if ep.guide_at is None]
+
+
 def to_record(ep: Episode, temperature: float = 1.0) -> dict:
     """An episode as plain data: its turns' texts and outcomes, and its token ids as generated (windows,
     each reply's span, per-token behaviour log-probs, constrained-decoding choices): the format of logged
@@ -106,7 +118,7 @@ def to_record(ep: Episode, temperature: float = 1.0) -> dict:
                  "invalid": t.invalid, "tokens": t.n_tokens, "advantage": t.advantage,
                  "behaviour_logp": round(sum(t.logprobs), 6),
                  "trainer_logp": None if t.trainer_logp is None else round(t.trainer_logp, 6),
-                 "window": t.window, "start": t.start, "end": t.end,
+                 "window": t.window, "start": t.start, "end": t.end, "guided": t.guided,
                  "logprobs": [round(x, 6) for x in t.logprobs], "allowed": t.allowed}
                 for t in ep.turns]}
 
@@ -116,7 +128,7 @@ def from_record(rec: dict) -> Episode:
     turns = [Turn(observation=t["observation"], admissible=None, anchor="", reply=t["reply"], action=t["action"],
                   reward=t["reward"], invalid=t["invalid"], window=t["window"], start=t["start"], end=t["end"],
                   logprobs=list(t["logprobs"]), allowed=t["allowed"], advantage=t["advantage"],
-                  trainer_logp=t["trainer_logp"]) for t in rec["turns"]]
+                  trainer_logp=t["trainer_logp"], guided=t.get("guided", False)) for t in rec["turns"]]
     return Episode(task_id=rec["task_id"], family=rec["family"], group=rec["group"], task_type=rec["task_type"],
                    max_turns=rec["max_turns"], goal=rec["goal"], turns=turns, won=rec["won"], ids=list(rec["ids"]),
                    prompt_len=rec["prompt_len"], windows=[list(w) for w in rec["windows"]],

@@ -83,7 +83,7 @@ def play(rollout, tasks: list[TaskSpec], tasks_dir: Path, p: RLParams, seed: int
         return rollout.play_round(tasks, seed)
     agent = rollout.agent(p.temperature, False, seed, p.rollout_batch, p.decoding, p.max_reply_tokens)
     return run_episodes(agent, tasks, tasks_dir, p.max_turns, group_size=p.group_size,
-                        potentials=needs_potentials(p.reward))
+                        potentials=needs_potentials(p.reward), guided=p.guidance.per_group, seed=seed)
 
 
 def tasks_per_chunk(p: RLParams, snapshot: bool = False) -> int:

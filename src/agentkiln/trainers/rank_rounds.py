@@ -64,7 +64,8 @@ class RankRounds:
             agent = self.rollout.agent(p.temperature, False, round_chunk_seed(seed, c), p.rollout_batch, p.decoding,
                                        p.max_reply_tokens)
             out[c] = run_episodes(agent, tasks[c::n], self.tasks_dir, p.max_turns, group_size=p.group_size,
-                                  potentials=needs_potentials(p.reward))
+                                  potentials=needs_potentials(p.reward), guided=p.guidance.per_group,
+                                  seed=round_chunk_seed(seed, c))
         return out
 
     def play_round(self, tasks: list[TaskSpec], seed: int) -> list[Episode]:

@@ -61,7 +61,7 @@ from agentkiln.policy.model import Policy, place
 from agentkiln.rewards import RewardState, observe_iteration
 from agentkiln.rollout.backends import HFRollout, SnapshotRollout, open_rollout
 from agentkiln.rollout.engine import run_episodes
-from agentkiln.rollout.episode import Episode
+from agentkiln.rollout.episode import Episode, own_episodes
 from agentkiln.trainers import checkpoint, distributed, episode_log
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.offline import OfflineFeed
@@ -350,11 +350,13 @@ def _micro_loss(engine: Engine, policy: Policy, micro: Batch, p: RLParams, weigh
 
 
 def episode_metrics(episodes: list[Episode], batch: Batch | None) -> dict:
-    """Health of one iteration: over every episode played (before dynamic sampling's filter)."""
+    """Health of one iteration: over every episode played (before dynamic sampling's filter); success
+    over the policy's own episodes (those rollout guidance left alone), the guided ones apart."""
     turns = [t for ep in episodes for t in ep.turns]
+    own = own_episodes(episodes)
     row = {
         "reward_mean": sum(ep.reward for ep in episodes) / len(episodes),
-        "success": sum(ep.won for ep in episodes) / len(episodes),
+        "success": sum(ep.won for ep in own) / len(own),
         "turns_mean": len(turns) / len(episodes),
         "response_tokens": sum(t.n_tokens for t in turns) / max(1, len(turns)),
         "episode_tokens": sum(len(ep.ids) for ep in episodes) / len(episodes),
@@ -364,8 +366,12 @@ def episode_metrics(episodes: list[Episode], batch: Batch | None) -> dict:
         "trained_tokens": batch.n_tokens if batch is not None else 0,
         "adv_abs_mean": float(batch.flat(batch.advantages).abs().mean()) if batch is not None and batch.n_tokens else 0.0,
     }
+    guided = [ep for ep in episodes if ep.guide_at is not None]
+    if guided:
+        row |= {"guided/success": sum(ep.won for ep in guided) / len(guided),
+                "guided/turn_share": sum(t.guided for t in turns) / max(1, len(turns))}
     by_type: dict[str, list[bool]] = defaultdict(list)
-    for ep in episodes:
+    for ep in own:
         by_type[ep.task_type or ep.family].append(ep.won)
     row |= {f"success/{k}": sum(v) / len(v) for k, v in sorted(by_type.items())}
     return row
@@ -379,7 +385,7 @@ def observe(sampler: TaskSampler, episodes: list[Episode]) -> None:
     """Tell the sampler how each task type and task fared this iteration (every episode played)."""
     won: dict[str, list[bool]] = defaultdict(list)
     by_task: dict[str, list[bool]] = defaultdict(list)
-    for ep in episodes:
+    for ep in own_episodes(episodes):
         won[ep.task_type or ep.family].append(ep.won)
         by_task[ep.task_id].append(ep.won)
     sampler.observe(won, by_task)
