@@ -29,7 +29,9 @@ def test_every_turn_shown_and_model_output_escaped(tmp_path):
     shown = {"sft": [_episode("t0", True, ["left", evil, "right"])], "random": [_episode("t1", False, ["bad move"])]}
     for t, adv in zip(shown["sft"][0].turns, [0.5, -0.25, 1.0]):  # a training episode's turns carry advantages
         t.advantage = adv
+    shown["sft"][0].turns[2].guided = True  # rollout guidance: the expert's reply is marked as such
     page = trajectories.render(shown)
+    assert page.count("the expert&#x27;s reply") + page.count("the expert's reply") == 1
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert page.count("<pre class='reply'>") == 4 and page.count("turn ") >= 4
     assert "obs 2 of t0" in page and "advantage -0.250" in page and "invalid" in page

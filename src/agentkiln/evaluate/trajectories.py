@@ -32,7 +32,8 @@ def sample(episodes: list[Episode], k: int = PER_POLICY) -> list[Episode]:
 def _turns(ep: Episode) -> list[str]:
     out = []
     for i, t in enumerate(ep.turns):
-        flags = [f for f, on in (("invalid", t.invalid), ("tool error", t.tool_error)) if on]
+        flags = [f for f, on in (("invalid", t.invalid), ("tool error", t.tool_error),
+                                 ("the expert's reply (rollout guidance)", t.guided)) if on]
         adv = f" · advantage {t.advantage:+.3f}" if t.advantage is not None else ""
         out += [f"<p class='meta'>turn {i + 1} · reward {t.reward:+.2f}{adv}"
                 f"{' · ' + ', '.join(flags) if flags else ''}</p>",
