@@ -246,6 +246,11 @@ VAL_SPLIT = "    val:  {n_tasks: 160, seed: 5, mix: {cooking: 0.25, frozenlake_e
     # vLLM holds one set of weights: one iteration in flight at most
     ([("    backend: hf ", "    backend: vllm "), ("    main: {init: sft, ", "    main: {init: sft, asynchronous: {max_staleness: 2}, ")],
      "  - rl.stages.main: asynchronous.max_staleness = 2 with compute.rollout.backend = 'vllm'"),
+    # rollout guidance: the expert's tokens are forced in the hf engine; a group keeps episodes of the policy's own
+    ([("    backend: hf ", "    backend: vllm "), ("    main: {init: sft, ", "    main: {init: sft, guidance: {per_group: 2}, ")],
+     "  - rl.stages.main: guidance.per_group = 2 with compute.rollout.backend = 'vllm'"),
+    ([("      per_group: 0 ", "      per_group: 8 ")],
+     "guidance.per_group = 8 with group_size = 8: the expert's episodes are compared with the policy's own"),
     # Ray rollout actors need a Ray session
     ([("    main: {init: sft, ", "    main: {init: sft, asynchronous: {max_staleness: 1, worker: ray}, ")],
      "  - rl.stages.main: asynchronous.worker = 'ray' without compute.ray.enabled"),
