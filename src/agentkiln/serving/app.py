@@ -2,8 +2,9 @@
 
     GET  /v1/models                      the served model
     POST /v1/chat/completions            a reply: the policy's chat template, agent format and decoding
-    POST /v1/episodes/{id}/reward        close a recorded episode with its reward ({"reward": 1.0, "won": true})
-    GET  /health                         the version being served
+    POST /v1/episodes/{id}/reward        close a recorded episode with its reward ({"reward": 1.0, "won": true};
+                                         once: a second one is 409 unless it says "replace": true)
+    GET  /health                         the version being served, the queue, what was kept and dropped
 
 Request extensions (top-level fields, `extra_body` in the openai client):
     admissible: ["go north", ...]        the valid actions: listed in the observation (as the agent was
@@ -14,85 +15,156 @@ Response extensions: `prompt_token_ids` (the window the reply was decoded from),
 `token_ids` (the reply's ids exactly as generated), and `agentkiln` {episode_id, model_version,
 turn, window, action, retokenized}; headers `x-agentkiln-model-version` and `x-agentkiln-episode`.
 Streaming (`stream: true`) sends the reply as server-sent events once it is decoded.
+
+Every body is bounded, parsed and typed before it is queued (serving.requests, serving.limits); a refusal
+is an OpenAI-style error {"error": {"message", "type", "param", "code"}} with status 400 (a field: `param`
+names it), 404, 409, 413 (the body), 422 (preparation over its time bound) or 503 (busy, stopping).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import sys
 import time
+import traceback
 import uuid
 
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from agentkiln import lifecycle
 from agentkiln.serving.conversation import RequestError
-from agentkiln.serving.recorder import Recorder
+from agentkiln.serving.limits import OPTION, Limits
+from agentkiln.serving.recorder import EPISODE_ID, Recorder, RewardExists
+from agentkiln.serving.requests import RewardRequest, chat_job, parse_json, validate
 from agentkiln.serving.source import ModelSource
-from agentkiln.serving.worker import Job, VLLMGenerators, Worker
+from agentkiln.serving.worker import VLLMGenerators, Worker
 
 DEFAULT_REPLY_TOKENS = 64
+# after SIGTERM requests in progress get STOP_GRACE_S (uvicorn's default is forever: one stalled request kept
+# a stopped endpoint alive), then the decoding thread STOP_DECODE_S to finish its step: a stop within 10 s
+STOP_GRACE_S, STOP_DECODE_S = 3.0, 1.5
 
 
-def _error(status: int, message: str, code: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
-                        status_code=status)
+def _error(status: int, message: str, code: str = "invalid_request_error", param: str | None = None,
+           headers: dict | None = None) -> JSONResponse:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
 
 
-def parse_job(body: dict, default_budget: int) -> Job:
-    """The decoding job a request asks for; RequestError naming the field otherwise."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise RequestError("`messages` must be a list of message objects")
-    if body.get("n", 1) != 1:
-        raise RequestError("`n` must be 1: one reply per request (send the request again for more samples)")
-    temperature = body.get("temperature", 1.0)
-    temperature = 1.0 if temperature is None else temperature
-    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-        raise RequestError(f"`temperature` {temperature!r}: expected a number in [0, 2] (0: greedy)")
-    top_p = body.get("top_p")
-    if top_p not in (None, 1, 1.0):
-        raise RequestError(f"`top_p` {top_p}: not supported; agentkiln samples the whole distribution, as it trains")
-    if body.get("top_logprobs") not in (None, 0):
-        raise RequestError("`top_logprobs`: not supported; each reply token's own log-prob comes with `logprobs: true`")
-    budget = body.get("max_completion_tokens", body.get("max_tokens")) or default_budget
-    if not isinstance(budget, int) or budget < 1:
-        raise RequestError(f"`max_tokens` {budget!r}: expected a positive integer")
-    seed = body.get("seed")
-    if seed is not None and not isinstance(seed, int):
-        raise RequestError(f"`seed` {seed!r}: expected an integer")
-    admissible = body.get("admissible")
-    if admissible is not None and (not isinstance(admissible, list) or not admissible
-                                   or not all(isinstance(a, str) and a.strip() for a in admissible)):
-        raise RequestError("`admissible` must be a non-empty list of action strings")
-    decoding = body.get("decoding", "auto")
-    if decoding not in ("auto", "constrained", "free"):
-        raise RequestError(f"`decoding` {decoding!r}: expected auto, constrained or free")
-    if decoding == "constrained" and not admissible:
-        raise RequestError("`decoding: constrained` needs `admissible`: the actions to constrain the reply to")
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") for t in tools)):
-        raise RequestError("`tools` must be a list of {\"type\": \"function\", \"function\": {\"name\": ...}} objects")
-    metadata = body.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise RequestError("`metadata` must be an object")
-    return Job(messages=messages, budget=budget, temperature=float(temperature), seed=seed, admissible=admissible,
-               decoding=decoding, tools=tools, metadata=metadata)
+class CatchAll:
+    """The last resort (ASGI middleware): an exception no route expected is logged here and answered as a
+    JSON 500 without its traceback, on a connection that stays open (Starlette's own handler re-raises,
+    and the server then drops the connection)."""
+
+    def __init__(self, app, log=print):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            # the server is stopping and its grace for requests in progress ran out (STOP_GRACE_S): the
+            # request ends here, answered as such rather than with the server's bare 500
+            if started:
+                raise
+            await _error(503, "the endpoint stopped before this request was answered; send it again once it is "
+                         "back", "server_stopping")(scope, receive, send)
+        except Exception as e:  # noqa: BLE001
+            self.log(f"{scope.get('method')} {scope.get('path')} failed:\n" + "".join(traceback.format_exception(e)))
+            if started:
+                raise  # half a response is out: only closing the connection can say it failed
+            await _error(500, "the server failed on this request (its log has the details)", "internal_error")(
+                scope, receive, send)
 
 
-def create_app(worker: Worker, default_budget: int = DEFAULT_REPLY_TOKENS) -> FastAPI:
+class TooLarge(RequestError):
+    """A body over --max-body-bytes (413); `close`: its rest was not read, so its connection must close."""
+
+    def __init__(self, limit: int, close: bool):
+        super().__init__(f"the request body is larger than {limit:,} bytes ({OPTION['body_bytes']}): send a shorter "
+                         "conversation", "request_too_large", status=413)
+        self.close = close
+
+
+class Bodies:
+    """Request bodies, read with bounds: one body at most `limits.body_bytes` (413), all bodies being
+    served at most `limits.inflight_bytes` together (503: the server is busy, try again). An oversized
+    body up to DRAIN times the bound is read to its end and dropped, so that a client still sending it
+    reads the 413 and keeps its connection; a larger one is refused unread and its connection closed."""
+
+    DRAIN = 8
+
+    def __init__(self, limits: Limits):
+        self.limits, self.held = limits, 0
+
+    @contextlib.asynccontextmanager
+    async def read(self, request: Request):
+        limit, held, chunks = self.limits.body_bytes, 0, []
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit * self.DRAIN:
+            raise TooLarge(limit, close=True)
+        try:
+            stream = request.stream()
+            async for chunk in stream:
+                if held + len(chunk) > limit:
+                    seen = held + len(chunk)
+                    async for rest in stream:  # dropped as it comes
+                        seen += len(rest)
+                        if seen > limit * self.DRAIN:
+                            raise TooLarge(limit, close=True)
+                    raise TooLarge(limit, close=False)
+                held += len(chunk)
+                self.held += len(chunk)
+                if self.held > self.limits.inflight_bytes:
+                    raise RequestError("the server holds too many requests at once; retry in a moment",
+                                       "server_busy", status=503)
+                chunks.append(chunk)
+            yield b"".join(chunks)
+        finally:
+            self.held -= held
+
+
+def create_app(worker: Worker, default_budget: int = DEFAULT_REPLY_TOKENS, limits: Limits | None = None,
+               log=print) -> FastAPI:
+    limits = limits or worker.limits
     app = FastAPI(title="agentkiln endpoint", docs_url="/docs", redoc_url=None)
-    source = worker.source
+    app.add_middleware(CatchAll, log=log)
+    source, bodies = worker.source, Bodies(limits)
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, e: RequestError):
+        headers = {"retry-after": "1"} if e.status == 503 else None
+        if isinstance(e, TooLarge) and e.close:
+            headers = {"connection": "close"}
+        return _error(e.status, str(e), e.code, e.param, headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):  # an unknown route, a wrong method
+        return _error(e.status_code, f"{request.method} {request.url.path}: {e.detail}", "not_found"
+                      if e.status_code == 404 else "invalid_request_error", headers=e.headers)
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "model": source.spec, "model_version": source.version, "batches": worker.batches}
+        return {"status": "ok", "model": source.spec, "model_version": source.version, **worker.stats(),
+                "recording": worker.recorder.stats() if worker.recorder else None,
+                "requests_in_flight_bytes": bodies.held}
 
     @app.get("/v1/models")
     def models():
@@ -104,35 +176,30 @@ def create_app(worker: Worker, default_budget: int = DEFAULT_REPLY_TOKENS) -> Fa
     async def reward(episode_id: str, request: Request):
         if worker.recorder is None:
             return _error(409, "this endpoint records nothing: start it with --record DIR", "not_recording")
+        if not EPISODE_ID.fullmatch(episode_id):
+            return _error(404, f"no recorded episode {episode_id[:64]!r} (ids look like ep-0123456789abcdef)",
+                          "episode_not_found")
+        async with bodies.read(request) as raw:
+            body = validate(RewardRequest, parse_json(raw))
         try:
-            body = await request.json()
-            value, won = body["reward"], body.get("won")
-            if not isinstance(value, (int, float)) or (won is not None and not isinstance(won, bool)):
-                raise TypeError
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            return _error(400, 'expected {"reward": <number>, "won": <true|false, optional>}', param="reward")
-        try:
-            outcome = worker.recorder.reward(episode_id, value, won)
+            outcome = await asyncio.to_thread(worker.recorder.reward, episode_id, body.reward, body.won, body.replace)
         except KeyError:
             return _error(404, f"no recorded episode {episode_id!r}", "episode_not_found")
+        except RewardExists as e:
+            return _error(409, f"episode {episode_id} already has a reward ({e.outcome['reward']}); send "
+                          '{"replace": true} with the new one to replace it', "reward_exists", "replace")
         return {"episode_id": episode_id, **outcome}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as e:
-            return _error(400, f"the request body is not JSON ({e})")
-        try:
-            job = parse_job(body, default_budget)
+        async with bodies.read(request) as raw:
+            req, job = chat_job(parse_json(raw), default_budget, limits)
             out = await asyncio.wrap_future(worker.submit(job))
-        except RequestError as e:
-            return _error(400, str(e), e.code)
-        answer = completion(out, source.served_name, bool(body.get("logprobs")))
+        answer = completion(out, source.served_name, bool(req.logprobs))
         headers = {"x-agentkiln-model-version": out["version"], "x-agentkiln-episode": out["episode_id"]}
-        if not body.get("stream"):
+        if not req.stream:
             return JSONResponse(answer, headers=headers)
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_events(answer, usage), media_type="text/event-stream", headers=headers)
 
     return app
@@ -177,30 +244,39 @@ async def _events(c: dict, usage: bool):
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, record: str | None = None, poll: float = 10.0,
           max_batch: int = 16, threads: int | None = None, max_tokens: int = DEFAULT_REPLY_TOKENS,
-          backend: str = "hf", out=print) -> None:
+          backend: str = "hf", limits: Limits | None = None, out=print) -> None:
     """Load the policy, start the decoding thread (and the alias follower), serve until SIGINT / SIGTERM.
     `backend`: hf (the in-process engine) or vllm (a vLLM engine in its own process: scripts/install_vllm.sh)."""
+    limits = limits or Limits()
     if threads:
         torch.set_num_threads(threads)
     source = ModelSource(spec, poll=poll, log=out)
     generators = VLLMGenerators(source.policy) if backend == "vllm" else None
-    worker = Worker(source, Recorder(record) if record else None, max_batch=max_batch, generators=generators)
+    recorder = Recorder(record, limits.record_bytes, log=out) if record else None
+    worker = Worker(source, recorder, max_batch=max_batch, generators=generators, limits=limits, log=out)
     follower = source.follow()
     out(f"serving {spec} (version {source.version}, {backend}) at http://{host}:{port}/v1"
         + (f", following its alias every {poll:g} s" if follower else "")
         + (f"; recording episodes to {record}" if record else ""))
     out(f"try: curl http://{host}:{port}/v1/models   (docs/serving.md: the harness loop with the openai client)")
-    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then raises the signal again for the handler it
-    # found: ours (lifecycle) turns it into Terminated, so the cleanup below runs and the command ends 0
+    # uvicorn shuts down on SIGINT / SIGTERM (requests in progress get STOP_GRACE_S), then raises the
+    # signal again for the handler it found: ours (lifecycle) turns it into Terminated, so the cleanup
+    # below runs and the command ends 0
     lifecycle.handle_signals()
     try:
-        uvicorn.Server(uvicorn.Config(create_app(worker, max_tokens), host=host, port=port, log_level="warning",
-                                      access_log=False)).run()
+        uvicorn.Server(uvicorn.Config(create_app(worker, max_tokens, limits, log=out), host=host, port=port,
+                                      log_level="warning", access_log=False,
+                                      timeout_graceful_shutdown=STOP_GRACE_S)).run()
     except lifecycle.Terminated as e:
-        out(f"{e}: requests in progress were answered")
+        out(f"{e}: requests in progress were answered or cancelled")
     finally:
         source.stop()
-        worker.stop()
+        ended = worker.stop(STOP_DECODE_S)
         if generators is not None:
             generators.close()
         out("endpoint stopped" + (f"; recorded episodes are in {record} (agentkiln collect {record} ...)" if record else ""))
+        if not ended:  # one step of a preparation (a tokenizer call) cannot be interrupted: not waited for
+            out(f"the decoding thread was still busy {STOP_DECODE_S:g} s after the stop: ending without it")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1 if sys.exc_info()[0] else 0)

@@ -32,11 +32,13 @@ from agentkiln.rollout.sequence import CUT, add_observation, render
 
 
 class RequestError(UserError, ValueError):
-    """A request the server cannot answer as asked (HTTP 400, its message says why)."""
+    """A request the server cannot answer as asked: an OpenAI-style error, its message says why and
+    `param` names the field (HTTP `status`: 400 unless said otherwise)."""
 
-    def __init__(self, message: str, code: str = "invalid_request_error"):
+    def __init__(self, message: str, code: str = "invalid_request_error", param: str | None = None,
+                 status: int = 400):
         super().__init__(message)
-        self.code = code
+        self.code, self.param, self.status = code, param, status
 
 
 def text_of(content) -> str:
@@ -54,7 +56,7 @@ def _arguments(args) -> dict:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # kept as text: the client's arguments, whatever they are
             return {"_raw": args}
     return args if isinstance(args, dict) else {"_raw": args}
 
@@ -94,16 +96,20 @@ def segments(messages: list[dict]) -> list[tuple[str, dict | None]]:
     msgs = [m for m in messages if m.get("role") != "system"]
     for m in msgs:
         if m.get("role") not in ("user", "tool", "assistant"):
-            raise RequestError(f"message role {m.get('role')!r}: expected system, user, assistant or tool")
+            raise RequestError(f"message role {m.get('role')!r}: expected system, user, assistant or tool",
+                               param="messages")
     if not msgs or msgs[0].get("role") == "assistant":
-        raise RequestError("the conversation must start with a user message (the goal and first observation)")
+        raise RequestError("the conversation must start with a user message (the goal and first observation)",
+                           param="messages")
     if msgs[-1].get("role") == "assistant":
-        raise RequestError("the last message is the assistant's: send the observation that follows it")
+        raise RequestError("the last message is the assistant's: send the observation that follows it",
+                           param="messages")
     out, obs = [], []
     for m in msgs:
         if m["role"] == "assistant":
             if not obs:
-                raise RequestError("two assistant messages in a row: each reply answers an observation")
+                raise RequestError("two assistant messages in a row: each reply answers an observation",
+                                   param="messages")
             out.append(("\n".join(obs), m))
             obs = []
         else:
@@ -118,17 +124,36 @@ class Saved:
     episode: Episode
     version: str
     turns: int
+    size: int  # footprint(episode)
+
+
+def footprint(ep: Episode) -> int:
+    """About the bytes an episode holds in memory: ids and floats as Python objects (36 and 32 bytes),
+    its texts (one byte a character), the constrained-decoding choices, a few hundred bytes a turn."""
+    n = 600 + 36 * len(ep.ids) + 120 * len(ep.windows)
+    for t in ep.turns:
+        n += 600 + len(t.observation) + len(t.reply) + len(t.action) + 32 * (len(t.logprobs) + len(t.entropy))
+        n += sum(56 + 36 * len(a) for a in t.allowed or [])
+        n += sum(56 + len(a) for a in t.admissible or [])
+    return n
 
 
 class Conversations:
-    """Episodes as they stood after each served reply, by the digest of the messages that far (least
-    recently used dropped past `capacity`), and each recorded episode's latest turn count (a request
-    continuing an older turn forks a new episode)."""
+    """Episodes as they stood after each served reply, by the digest of the messages that far, and each
+    recorded episode's latest turn count (a request continuing an older turn forks a new episode).
+    Bounded in bytes (`max_bytes`, approximate): past it the least recently used are dropped, counted
+    and logged; a client continuing a dropped one is served from its text (flagged `retokenized`)."""
 
-    def __init__(self, capacity: int = 20_000):
-        self.capacity = capacity
+    def __init__(self, max_bytes: int = 256 * 2**20, log=print):
+        self.max_bytes, self.log = max_bytes, log
         self.saved: OrderedDict[str, Saved] = OrderedDict()
         self.heads: dict[str, int] = {}
+        self._refs: dict[str, int] = {}  # saved states per episode id: its head goes with its last one
+        self.bytes = self.dropped = self.dropped_bytes = 0
+
+    def stats(self) -> dict:
+        return {"conversations": len(self.saved), "bytes": self.bytes, "max_bytes": self.max_bytes,
+                "dropped": self.dropped, "dropped_bytes": self.dropped_bytes}
 
     def start(self, policy: Policy, version: str, messages: list[dict], admissible: list[str] | None,
               budget: int, tools: list[dict] | None) -> tuple[str, Episode, bool, str | None]:
@@ -152,20 +177,40 @@ class Conversations:
             ep = from_text(policy, segs[:-1], budget, tools)
             if ep.cut:
                 raise RequestError("the conversation does not fit the policy's context window",
-                                   "context_length_exceeded")
+                                   "context_length_exceeded", "messages")
         ep.turns.append(Turn(segs[-1][0], admissible, ""))
         if add_observation(ep, policy, budget, tools) == CUT:
             raise RequestError(f"the conversation no longer fits the policy's context window ({policy.max_context} "
-                               f"tokens with a {budget}-token reply): the episode ends here", "context_length_exceeded")
+                               f"tokens with a {budget}-token reply): the episode ends here", "context_length_exceeded",
+                               "messages")
         return episode_id, ep, retok, parent
 
     def keep(self, episode_id: str, ep: Episode, version: str, messages: list[dict], reply: dict) -> None:
         """Remember the episode after the reply `reply` (the assistant message as served)."""
         history = [m for m in messages if m.get("role") != "system"] + [reply]
-        self.saved[digest(history)] = Saved(episode_id, copy.deepcopy(ep), version, len(ep.turns))
+        key = digest(history)
+        if key in self.saved:
+            self._forget(key)
+        saved = Saved(episode_id, copy.deepcopy(ep), version, len(ep.turns), footprint(ep))
+        self.saved[key] = saved
+        self.bytes += saved.size
+        self._refs[episode_id] = self._refs.get(episode_id, 0) + 1
         self.heads[episode_id] = len(ep.turns)
-        while len(self.saved) > self.capacity:
-            self.saved.popitem(last=False)
+        while self.bytes > self.max_bytes and self.saved:
+            size = self._forget(next(iter(self.saved)))
+            self.dropped += 1
+            self.dropped_bytes += size
+            if self.dropped & (self.dropped - 1) == 0:  # the 1st, 2nd, 4th, 8th ... drop: said, not flooded
+                self.log(f"kept conversations reached --max-kept-bytes ({self.max_bytes:,} bytes): {self.dropped:,} "
+                         "dropped so far, least recently used first (continuing one re-tokenizes it from its text)")
+
+    def _forget(self, key: str) -> int:
+        saved = self.saved.pop(key)
+        self.bytes -= saved.size
+        self._refs[saved.episode_id] -= 1
+        if not self._refs[saved.episode_id]:
+            del self._refs[saved.episode_id], self.heads[saved.episode_id]
+        return saved.size
 
 
 def from_text(policy: Policy, segs: list[tuple[str, dict]], budget: int, tools: list[dict] | None) -> Episode:

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 from agentkiln.registry.model_registry import assemble_policy
-from agentkiln.serving.app import DEFAULT_REPLY_TOKENS, completion, parse_job
+from agentkiln.serving.app import DEFAULT_REPLY_TOKENS, completion
+from agentkiln.serving.requests import parse_job
 from agentkiln.serving.source import ModelSource
 from agentkiln.serving.worker import Worker
 
