@@ -32,6 +32,7 @@ import yaml
 
 from agentkiln.config import PARAMS_FILE, ParamsError, load_params
 from agentkiln.paths import repo_root
+from agentkiln.serving.limits import OPTION, Limits
 
 app = typer.Typer(name="agentkiln", help=__doc__.split("\n\n")[0] + "\n\nSettings live in params.yaml.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -269,9 +270,27 @@ def endpoint(
     threads: Annotated[Optional[int], typer.Option(help="torch threads (default: torch's)")] = None,
     backend: Annotated[str, typer.Option(help="hf (the in-process engine, CPU or GPU) or vllm (a vLLM engine: "
                                          "bash scripts/install_vllm.sh)")] = "hf",
+    max_body_bytes: Annotated[int, typer.Option(help="one request body (413 past it)")] = Limits.body_bytes,
+    max_inflight_bytes: Annotated[int, typer.Option(help="the bodies of all requests in progress together (503 "
+                                                    "past it)")] = Limits.inflight_bytes,
+    max_messages: Annotated[int, typer.Option(help="messages of one request")] = Limits.messages,
+    max_message_chars: Annotated[int, typer.Option(help="characters of one message")] = Limits.message_chars,
+    max_conversation_chars: Annotated[int, typer.Option(help="characters of all of a request's messages")]
+    = Limits.conversation_chars,
+    max_admissible: Annotated[int, typer.Option(help="admissible actions of one request")] = Limits.admissible,
+    max_action_chars: Annotated[int, typer.Option(help="characters of one admissible action")] = Limits.action_chars,
+    max_admissible_chars: Annotated[int, typer.Option(help="characters of all of a request's admissible actions")]
+    = Limits.admissible_chars,
+    max_prepare_seconds: Annotated[float, typer.Option(help="time to render a request's conversation and build its "
+                                                       "admissible trie (422 past it)")] = Limits.prepare_seconds,
+    max_kept_bytes: Annotated[int, typer.Option(help="memory for conversations kept to continue them token-in/"
+                                                "token-out (least recently used dropped past it)")] = Limits.kept_bytes,
+    max_record_bytes: Annotated[int, typer.Option(help="bytes of the --record directory (turns past it are served, "
+                                                  "not recorded)")] = Limits.record_bytes,
 ) -> None:
     """Serve a policy behind an OpenAI-compatible API (/v1/models, /v1/chat/completions with tools and
     streaming): its chat template, agent format and constrained decoding, token ids and log-probs returned.
+    Every request is bounded by the --max-* limits; a refusal is a 4xx error naming the field.
 
     Example: agentkiln endpoint --model models:/agentkiln-policy@champion --port 8000 --record data/recorded"""
     from agentkiln.evaluate.sources import source_problem
@@ -282,6 +301,12 @@ def endpoint(
         fail("--poll, --max-batch and --max-tokens must be positive")
     if backend not in ("hf", "vllm"):
         fail(f"--backend {backend}: expected hf or vllm")
+    limits = Limits(body_bytes=max_body_bytes, inflight_bytes=max_inflight_bytes, messages=max_messages,
+                    message_chars=max_message_chars, conversation_chars=max_conversation_chars,
+                    admissible=max_admissible, action_chars=max_action_chars, admissible_chars=max_admissible_chars,
+                    prepare_seconds=max_prepare_seconds, kept_bytes=max_kept_bytes, record_bytes=max_record_bytes)
+    if bad := [OPTION[k] for k, v in vars(limits).items() if k in OPTION and not v > 0]:
+        fail(f"{', '.join(bad)}: must be positive")
     if model in ("sft", "rl", "distilled"):  # the pipeline's models, where params.yaml puts them
         from agentkiln.paths import model_dirs
 
@@ -298,7 +323,7 @@ def endpoint(
 
     try:
         serve_endpoint(model, host, port, str(record) if record else None, poll, max_batch, threads, max_tokens,
-                       backend, out=typer.echo)
+                       backend, limits, out=typer.echo)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         fail(str(e), 1)
 
