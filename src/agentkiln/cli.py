@@ -336,16 +336,21 @@ def collect(
     rewarded_only: Annotated[bool, typer.Option("--rewarded-only", help="leave out episodes no reward was posted for")]
     = False,
     no_dvc: Annotated[bool, typer.Option("--no-dvc", help="do not `dvc add` the split")] = False,
+    model: Annotated[Optional[Path], typer.Option(help="a policy directory: check the ids against its vocabulary, and "
+                                                  "the replies its tokenizer served against their text")] = None,
 ) -> None:
     """Seal the episodes the endpoint recorded into a versioned split (manifest, pandera contract, dvc add),
-    which SFT (sft.data.collected) and RL (rl.defaults.offline.split) train on by params.
+    which SFT (sft.data.collected) and RL (rl.defaults.offline.split) train on by params. Every record is
+    checked first; if one is not a valid recorded episode, each bad file is named and nothing is written.
 
-    Example: agentkiln collect data/recorded --name harness-v1"""
+    Example: agentkiln collect data/recorded --name harness-v1 --model models/rl/main"""
     from agentkiln.artifacts import ArtifactError
     from agentkiln.collected import collect as collect_split
 
+    if model is not None and not (model / "config.json").is_file():
+        fail(f"--model {model}: not a policy directory (no config.json)")
     try:
-        collect_split(record_dir, out, name, rewarded_only=rewarded_only, dvc=not no_dvc, log=typer.echo)
+        collect_split(record_dir, out, name, rewarded_only=rewarded_only, dvc=not no_dvc, log=typer.echo, model=model)
     except (FileNotFoundError, FileExistsError, ArtifactError, ValueError) as e:
         fail(str(e))
 
