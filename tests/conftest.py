@@ -344,3 +344,23 @@ def ablation_repo(root):
             {"tasks": [dataclasses.asdict(t) for t in tasks], "env_versions": {"gym-toytext": env_version("gym-toytext")}})))
     save_policy(scratch_policy(tasks, tasks_dir), root / "models" / "sft")
     return tasks_dir
+
+
+@pytest.fixture(scope="session")
+def endpoint_world(tmp_path_factory):
+    """FrozenLake (admissible actions) and SQL (a tool family) tasks, and a policy briefly trained on
+    their expert episodes (so it wins some and loses some), saved as a policy directory: what the
+    endpoint's tests serve."""
+    from agentkiln.policy import save_policy
+    from agentkiln.stages.sft import render_all
+    from agentkiln.synthesis.generate import generate
+    from agentkiln.trainers.supervised import OptimConfig, train_supervised
+
+    out = tmp_path_factory.mktemp("endpoint")
+    tasks = generate("gym-toytext", 6, seed=3, level="easy", out_dir=out, game="frozenlake") \
+        + generate("sql", 3, seed=11, level="easy", out_dir=out)
+    policy = scratch_policy(tasks, out, hidden_size=64)
+    train_supervised(policy, render_all(policy, expert_episodes(tasks[:4] + tasks[6:8], out)),
+                     OptimConfig(40, 2, 3e-3, 0.0, 0, 1.0), seed=0)
+    save_policy(policy, out / "policy")
+    return tasks, out, out / "policy"

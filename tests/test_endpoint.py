@@ -4,122 +4,21 @@ over real HTTP (uvicorn), against the evaluation path of the same model."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from agentkiln.servers import free_port
+from tests.endpoint_support import Served, harness_episode
+
 openai = pytest.importorskip("openai")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    """An endpoint (app + uvicorn) on a free loopback port in this process, stopped on exit."""
-
-    def __init__(self, spec: str, record: Path | None = None, poll: float = 10.0):
-        import uvicorn
-
-        from agentkiln.serving.app import create_app
-        from agentkiln.serving.recorder import Recorder
-        from agentkiln.serving.source import ModelSource
-        from agentkiln.serving.worker import Worker
-
-        self.source = ModelSource(spec, poll=poll, log=lambda *_: None)
-        self.worker = Worker(self.source, Recorder(record) if record else None)
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.worker), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        self.source.follow()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "the endpoint did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.source.stop()
-        self.worker.stop()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def client(self):
-        return openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=60)
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """FrozenLake (admissible actions) and SQL (a tool family) tasks, and a policy briefly trained on
-    their expert episodes (so it wins some and loses some), saved as a policy directory."""
-    from agentkiln.policy import save_policy
-    from agentkiln.stages.sft import render_all
-    from agentkiln.synthesis.generate import generate
-    from agentkiln.trainers.supervised import OptimConfig, train_supervised
-    from tests.conftest import expert_episodes, scratch_policy
-
-    out = tmp_path_factory.mktemp("endpoint")
-    tasks = generate("gym-toytext", 6, seed=3, level="easy", out_dir=out, game="frozenlake") \
-        + generate("sql", 3, seed=11, level="easy", out_dir=out)
-    policy = scratch_policy(tasks, out, hidden_size=64)
-    train_supervised(policy, render_all(policy, expert_episodes(tasks[:4] + tasks[6:8], out)),
-                     OptimConfig(40, 2, 3e-3, 0.0, 0, 1.0), seed=0)
-    save_policy(policy, out / "policy")
-    return tasks, out, out / "policy"
-
-
-def harness_episode(client, task, tasks_dir, max_turns=None):
-    """One whole episode as an agent harness plays it: the environment's text as user / tool messages,
-    its valid actions as the `admissible` extension, the reply's tool call or content as the action."""
-    from agentkiln.envs import make
-
-    env = make(task, tasks_dir, max_turns=max_turns)
-    obs = env.reset()
-    tools = env.tool_specs() if env.free_form else None
-    messages = [{"role": "user", "content": "\n".join(x for x in (env.goal, obs.text) if x)}]
-    actions, served = [], []
-    while True:
-        extra = {"admissible": obs.admissible} if obs.admissible else {}
-        try:
-            r = client.chat.completions.create(model="policy", messages=messages, temperature=0, tools=tools,
-                                               max_tokens=env.max_reply_tokens, extra_body=extra,
-                                               metadata={"task_id": task.task_id, "family": task.family})
-        except openai.BadRequestError as e:  # the conversation outgrew the context: the episode is cut
-            assert "context" in str(e)
-            break
-        msg = r.choices[0].message
-        served.append(r.model_extra["prompt_token_ids"] + r.choices[0].model_extra["token_ids"])
-        if msg.tool_calls:
-            call = msg.tool_calls[0]
-            action = f"{call.function.name}[{next(iter(json.loads(call.function.arguments).values()))}]"
-            messages.append(msg.model_dump(exclude_none=True))
-            role = {"role": "tool", "tool_call_id": call.id}
-        else:
-            action = msg.content
-            messages.append({"role": "assistant", "content": msg.content})
-            role = {"role": "user"}
-        actions.append(action)
-        res = env.step(action)
-        if res.done:
-            return {"actions": actions, "won": bool(res.info["won"]), "episode": r.model_extra["agentkiln"]["episode_id"],
-                    "served": served}
-        obs = res.observation
-        messages.append(role | {"content": obs.text})
-    return {"actions": actions, "won": False, "episode": None, "served": served}
+def world(endpoint_world):
+    return endpoint_world
 
 
 def test_harness_through_the_endpoint_plays_as_eval_does(world, tmp_path):
