@@ -22,7 +22,8 @@ SCRIPT = Path(sys.executable).parent / "agentkiln"
 class Served:
     """An endpoint (app + uvicorn) on a free loopback port in this process, stopped on exit."""
 
-    def __init__(self, spec: str, record: Path | None = None, poll: float = 10.0, limits=None, log=None):
+    def __init__(self, spec: str, record: Path | None = None, poll: float = 10.0, limits=None, log=None,
+                 generators=None):
         import uvicorn
 
         from agentkiln.serving.app import create_app
@@ -36,7 +37,7 @@ class Served:
         log = log or self.logged.append
         self.source = ModelSource(spec, poll=poll, log=lambda *_: None)
         self.worker = Worker(self.source, Recorder(record, limits.record_bytes, log=log) if record else None,
-                             limits=limits, log=log)
+                             generators=generators, limits=limits, log=log)
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(create_app(self.worker, log=log), host="127.0.0.1", port=self.port,
                                                     log_level="warning"))

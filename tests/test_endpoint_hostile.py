@@ -227,6 +227,44 @@ def test_sigterm_during_a_long_request_ends_the_endpoint_within_10_s(endpoint_wo
         assert answer == [503], answer
 
 
+def test_a_batch_whose_decoding_fails_answers_every_request_but_the_failing_one(endpoint_world):
+    """An engine that fails on one row (a bug, not bad input: the engine is wrapped to fail on it) with
+    four good requests in its batch: the four are answered, the failing one gets a JSON 500 without a
+    traceback on a connection that stays open, the traceback goes to the server's log and /health."""
+    from agentkiln.rollout.agents import HFGenerator
+
+    class Failing(HFGenerator):
+        def replies(self, episodes, *args, **kwargs):
+            if any("POISON" in ep.turns[-1].observation for ep in episodes):
+                raise RuntimeError("the engine failed on this row")
+            return super().replies(episodes, *args, **kwargs)
+
+    _, _, model = endpoint_world
+    with Served(str(model), generators=Failing) as srv:
+        bodies = [user("POISON", temperature=0)] + [GOOD | {"metadata": {"task_id": f"t{i}"}} for i in range(4)]
+        barrier = threading.Barrier(len(bodies))
+
+        def send(body):
+            barrier.wait()
+            return httpx.post(f"{srv.url}/chat/completions", json=body, timeout=60)
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(send, bodies))
+        error = answers[0].json()["error"]
+        assert answers[0].status_code == 500 and error["type"] == "server_error" and "Traceback" not in answers[0].text
+        assert all(r.status_code == 200 for r in answers[1:]), [r.text for r in answers[1:]]
+        conn, socks, statuses = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60), [], []
+        for body in (user("POISON"), GOOD):  # one keep-alive connection answers both
+            conn.request("POST", "/v1/chat/completions", raw(body), {"content-type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            statuses.append(r.status)
+            socks.append(conn.sock)
+        assert statuses == [500, 200] and socks[0] is socks[1] is not None
+        assert httpx.get(f"http://127.0.0.1:{srv.port}/health").json()["failed"] == 2
+    assert any("the engine failed on this row" in line and "Traceback" in line for line in srv.logged)
+
+
 def test_rewards_take_a_finite_number_once_unless_replaced(endpoint):
     """NaN, infinity, a string: 400 naming `reward`, nothing written; a first reward: 200; a second one:
     409 naming `replace`, the first kept; with "replace": true: 200, replaced; an unknown id: 404."""
