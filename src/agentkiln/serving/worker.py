@@ -135,13 +135,18 @@ class Worker:
             for job in jobs:
                 groups.setdefault(job.key, []).append(job)
             for group in groups.values():
-                if self._stopping.is_set():
+                try:
+                    if self._stopping.is_set():
+                        raise RequestError(STOPPING, "server_stopping", status=503)
+                    self._decode(group, version, policy)
+                except Exception as e:  # noqa: BLE001  (outside any one request: its group answered, the loop on)
                     for job in group:
-                        self._fail(job, RequestError(STOPPING, "server_stopping", status=503))
-                    continue
-                self._decode(group, version, policy)
+                        self._fail(job, e)
             self.batches += 1
-            self._trim(policy)
+            try:
+                self._trim(policy)
+            except Exception as e:  # noqa: BLE001  (a cache left as it is must not stop the loop)
+                self.log(f"bounding the token-id caches failed ({e!r}); serving goes on")
 
     def _decode(self, jobs: list[Job], version: str, policy) -> None:
         """Prepare, decode and answer `jobs`; every job is answered, a failure only its own."""
@@ -277,10 +282,11 @@ class Worker:
         """Bound the token-id caches by bytes (limits.cache_bytes): the tries' ids per action, and the chat
         format's per reply text, which grow with every distinct action or reply a client sends. Emptied
         when over half the bound each (they refill as needed); measured every 256 new entries."""
-        caches = [policy.chat._ids]  # noqa: SLF001  (ChatFormat keeps every reply text's ids; nothing bounds it)
-        if self._tries is not None:
-            caches.append(self._tries[1]._reply_ids)  # noqa: SLF001
-        for cache in caches:
+        # private attributes, read defensively: neither owner bounds its cache (ChatFormat keeps the ids of
+        # every reply text it was asked for, TrieCache those of every action)
+        caches = [getattr(policy.chat, "_ids", None),
+                  getattr(self._tries[1], "_reply_ids", None) if self._tries else None]
+        for cache in (c for c in caches if isinstance(c, dict)):
             if len(cache) - self._measured.get(id(cache), 0) < 256:
                 continue
             size = sum(100 + len(str(k)) + 36 * len(v) for k, v in list(cache.items()))
