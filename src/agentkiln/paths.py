@@ -1,8 +1,10 @@
 """Where each stage reads and writes, relative to the repository root (mirrors dvc.yaml)."""
 
+import os
 from pathlib import Path
 
 TASKS = Path("data/tasks")
+BASE_MODEL = Path("models/base")  # the model every policy starts from (the base stage)
 SFT_MODEL = Path("models/sft")
 RL_MODELS = Path("models/rl")  # one directory per RL stage: models/rl/<stage>
 DISTILLED_MODEL = Path("models/distilled")
@@ -21,7 +23,7 @@ def repo_root() -> Path:
 
 
 def model_dir(init: str) -> Path:
-    """A model named as in params (`sft`, `rl/<stage>`, `distilled`) -> its directory."""
+    """A model named as in params (`base`, `sft`, `rl/<stage>`, `distilled`) -> its directory."""
     return Path("models") / init
 
 
@@ -36,9 +38,17 @@ def rl_curves(params) -> dict[str, Path]:
 
 def model_dirs(params) -> dict[str, Path]:
     """The pipeline's named policies; `rl` is the last RL stage's model."""
-    return {"sft": SFT_MODEL, "rl": RL_MODELS / params.rl.final, "distilled": DISTILLED_MODEL}
+    return {"base": BASE_MODEL, "sft": SFT_MODEL, "rl": RL_MODELS / params.rl.final, "distilled": DISTILLED_MODEL}
 
 
 def stage_writing(name: str, params) -> str:
-    """The DVC stage that writes a named policy (`sft`, `rl`, `distilled`)."""
-    return {"sft": "sft", "rl": f"rl@{params.rl.final}", "distilled": "distill"}.get(name, name)
+    """The DVC stage that writes a named policy (`base`, `sft`, `rl`, `distilled`)."""
+    return {"base": "base", "sft": "sft", "rl": f"rl@{params.rl.final}", "distilled": "distill"}.get(name, name)
+
+
+def cache_dir() -> Path:
+    """agentkiln's download cache outside the repository (packaged models, vLLM's environment):
+    $AGENTKILN_CACHE, else $XDG_CACHE_HOME/agentkiln, else ~/.cache/agentkiln (the scripts use the same rule)."""
+    if os.environ.get("AGENTKILN_CACHE"):
+        return Path(os.environ["AGENTKILN_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentkiln"

@@ -60,6 +60,7 @@ from typing import Self
 import torch
 
 from agentkiln.config import VLLMParams
+from agentkiln.paths import cache_dir
 from agentkiln.policy.model import Policy
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.episode import Episode
@@ -74,13 +75,6 @@ MAX_SCORED = 128  # vLLM's limit on logprob_token_ids per request
 
 class VLLMUnavailableError(RuntimeError):
     """The vLLM environment is missing or its engine did not come up."""
-
-
-def cache_dir() -> Path:
-    """Where scripts/install_vllm.sh builds vLLM's environment (same rule as the script)."""
-    if os.environ.get("AGENTKILN_CACHE"):
-        return Path(os.environ["AGENTKILN_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentkiln"
 
 
 def default_python(device: torch.device) -> Path:
