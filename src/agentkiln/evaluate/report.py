@@ -19,7 +19,7 @@ from agentkiln.artifacts import ArtifactError, MissingArtifactError, rebuild_hin
 from agentkiln.config import OPTIONAL_PANELS
 from agentkiln.stats import wilson_interval
 
-POLICY_ORDER = ("random", "oracle", "sft", "rl", "distilled")
+POLICY_ORDER = ("random", "oracle", "base", "sft", "rl", "distilled")
 DECIMALS = 4
 BASELINES = ("random", "oracle")
 TITLE = "Success on the frozen test panel (95% Wilson CI)"
@@ -44,7 +44,7 @@ def _round(x):
 
 
 def ordered_policies(metrics: dict) -> list[str]:
-    """The usual pipeline order first (random, sft, rl, distilled), then any other name sorted."""
+    """The usual pipeline order first (random, oracle, base, sft, rl, distilled), then any other name sorted."""
     known = [p for p in POLICY_ORDER if p in metrics]
     return known + sorted(p for p in metrics if p not in POLICY_ORDER)
 

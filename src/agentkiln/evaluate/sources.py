@@ -34,7 +34,7 @@ def resolve_policy(source: str, params, init: str | None = None):
 
     if source in ("random", "oracle"):
         return None
-    if source in ("sft", "rl", "distilled"):
+    if source in ("base", "sft", "rl", "distilled"):
         path = paths.model_dirs(params)[source]
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: the {source} model is missing; run `dvc repro` (or `dvc pull`) first")

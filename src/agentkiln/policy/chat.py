@@ -58,9 +58,10 @@ class ChatFormat:
         self.stop_ids = frozenset(i for i in (self.end_id, self.tokenizer.eos_token_id) if i is not None)
 
     # -- pieces -----------------------------------------------------------------------------------
-    def start(self, text: str, tools: list[dict] | None = None) -> list[int]:
-        """System prompt + the first user message + the generation prompt."""
-        return self._encode(self._render(self._head(text), True, tools))
+    def start(self, text: str, tools: list[dict] | None = None, system: str | None = None) -> list[int]:
+        """System prompt (`system`, else the format's) + the first user message + the generation prompt.
+        Only this piece holds the system prompt: the later pieces are the same whatever it says."""
+        return self._encode(self._render(self._head(text, system), True, tools))
 
     def reply(self, text: str) -> list[int]:
         """The ids the model must generate to answer `text`: its content as the template renders an
@@ -88,8 +89,9 @@ class ChatFormat:
         return self.tokenizer.decode([i for i in ids if i not in self.stop_ids], skip_special_tokens=False)
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _head(self, user: str) -> list[dict]:
-        return ([_msg("system", self.system)] if self.system else []) + [_msg("user", user)]
+    def _head(self, user: str, system: str | None = None) -> list[dict]:
+        system = system or self.system
+        return ([_msg("system", system)] if system else []) + [_msg("user", user)]
 
     def _render(self, messages: list[dict], generation: bool, tools: list[dict] | None = None) -> str:
         try:

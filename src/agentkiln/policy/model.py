@@ -102,7 +102,7 @@ def place(policy: Policy, compute: ComputeParams | None) -> Policy:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy.model = model.to(device)
-    policy.dtype = dev.DTYPES[compute.dtype]
+    policy.dtype = dev.resolve_dtype(compute.dtype, device)
     return policy
 
 
@@ -142,6 +142,7 @@ class _AgentFormatFile(BaseModel):
     observation_role: Literal["user", "tool"]
     native_tools: bool
     version: str
+    system_prompts: dict[str, str] = {}  # absent in agent.json files written before per-family prompts
 
 
 class AgentFile(BaseModel):
@@ -174,7 +175,12 @@ def saved_meta(path: Path) -> dict | None:
     if agent["format"]["version"] != FORMAT_VERSION:
         raise ArtifactError(f"{path / AGENT_FILE}: agent format {agent['format']['version']!r}: this agentkiln reads "
                             f"{FORMAT_VERSION!r} (episodes as conversations); {hint}")
-    if manifest.meta.get("agent") != agent:
+    recorded = manifest.meta.get("agent")
+    try:  # the same normal form (fields added since the manifest was written take their defaults)
+        recorded = AgentFile.model_validate(recorded).model_dump()
+    except ValueError:
+        pass
+    if recorded != agent:
         raise ArtifactError(f"{path / AGENT_FILE}: disagrees with the training format in {path / MANIFEST_FILE}; {hint}")
     return agent
 
@@ -211,9 +217,10 @@ def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int
     return place(policy, compute)
 
 
-def save_policy(policy: Policy, out_dir: str | Path) -> Path:
+def save_policy(policy: Policy, out_dir: str | Path, source: dict | None = None) -> Path:
     """Weights, tokenizer, agent.json, then the manifest of them all (written last: a directory whose
-    save was interrupted has none, and is refused at load)."""
+    save was interrupted has none, and is refused at load). `source`: where the weights came from (the
+    base stage: kind, name, digests), kept in the manifest."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
@@ -222,5 +229,6 @@ def save_policy(policy: Policy, out_dir: str | Path) -> Path:
     policy.tokenizer.save_pretrained(out)
     meta = {"format": policy.fmt.to_dict(), "context": policy.context}
     write_json(out / AGENT_FILE, meta)
-    write_manifest(out, MANIFEST_FILE, POLICY_KIND, POLICY_FORMAT, meta={"agent": meta})
+    write_manifest(out, MANIFEST_FILE, POLICY_KIND, POLICY_FORMAT,
+                   meta={"agent": meta} | ({"source": source} if source else {}))
     return out

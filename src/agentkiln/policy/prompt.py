@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 FORMAT_VERSION = "v2"  # v1: step-independent prompts (a window of past actions)
 THINK = re.compile(r"<think>.*?</think>", re.S)
@@ -28,6 +28,12 @@ class AgentFormat:
     observation_role: str = "user"    # or "tool": the role of environment messages in the chat template
     native_tools: bool = False        # replies as the template's tool calls (tool families), not name[arg]
     version: str = FORMAT_VERSION
+    # per family, the system prompt of its episodes (what the actions and the reply format are: what an
+    # instruct model needs to act zero-shot); a family without one gets `system_prompt`
+    system_prompts: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def system_for(self, family: str) -> str | None:
+        return self.system_prompts.get(family, self.system_prompt)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -37,7 +43,7 @@ class AgentFormat:
         if d.get("version") != FORMAT_VERSION:
             raise ValueError(f"agent.json format {d.get('version')!r}: this agentkiln reads {FORMAT_VERSION!r} "
                              "(episodes as conversations); retrain the policy (dvc repro sft)")
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        return cls(**{k: dict(v) if k == "system_prompts" else v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 def observation_text(fmt: AgentFormat, observation: str, admissible: list[str] | None, goal: str | None = None) -> str:

@@ -24,7 +24,8 @@ def add_observation(ep: Episode, policy: Policy, reply_budget: int, tools: list[
     chat, ctx = policy.chat, policy.max_context
     turn, k = ep.turns[-1], len(ep.turns) - 1
     if k == 0:
-        ids = chat.start(observation_text(policy.fmt, turn.observation, turn.admissible, ep.goal), tools)
+        ids = chat.start(observation_text(policy.fmt, turn.observation, turn.admissible, ep.goal), tools,
+                         policy.fmt.system_for(ep.family))
         ids = ids[-(ctx - reply_budget):]
         ep.ids, ep.prompt_len, ep.windows = ids, len(ids), [[0, len(ids)]]
         return NEW_WINDOW

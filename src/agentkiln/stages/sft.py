@@ -22,29 +22,20 @@ from pathlib import Path
 
 from agentkiln.config import Params
 from agentkiln.envs import FAMILIES, env_class
-from agentkiln.policy import AgentFormat, build_scratch_policy, load_policy, lora, observation_text, save_policy
+from agentkiln.policy import AgentFormat, load_policy, lora, partial, save_policy
 from agentkiln.policy.model import Policy, place
 from agentkiln.rollout.episode import Episode
 from agentkiln.rollout.sequence import render
 from agentkiln.schemas import load_expert_trajectories
 from agentkiln.collected import load_split, training_episodes
-from agentkiln.stages.common import expert_episodes
-from agentkiln.stages.sft_data import mixture, own_wins, same_ids, used_variants
+from agentkiln.stages.base import base_policy, corpus
+from agentkiln.stages.sft_data import mixture, own_wins, same_ids
 from agentkiln.trainers import checkpoint, distributed
 from agentkiln.trainers.supervised import OptimConfig, train_supervised
 
 
 def optim_config(p) -> OptimConfig:
     return OptimConfig(p.epochs, p.batch_size, p.lr, p.weight_decay, p.warmup_steps, p.max_grad_norm)
-
-
-def corpus(fmt: AgentFormat, episodes: list[Episode]) -> list[str]:
-    """Every text the agent reads or writes in these episodes (the scratch tokenizer's training text)."""
-    texts = []
-    for ep in episodes:
-        for k, t in enumerate(ep.turns):
-            texts += [observation_text(fmt, t.observation, t.admissible, ep.goal if k == 0 else None), t.action]
-    return texts
 
 
 def render_all(policy: Policy, episodes: list[Episode], reply_tokens: int | None = None) -> list[Episode]:
@@ -58,9 +49,10 @@ def render_all(policy: Policy, episodes: list[Episode], reply_tokens: int | None
 
 
 def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: Path | None = None,
-            outputs: Callable[[dict], object] | None = None) -> dict:
-    """Train and save the SFT policy to `out_dir`; its metrics. `outputs(metrics)` writes the stage's other
-    outputs (the flow's reports and MLflow logging) before the checkpoint is removed (checkpoint.finish)."""
+            outputs: Callable[[dict], object] | None = None, base_dir: Path | None = None) -> dict:
+    """Train and save the SFT policy to `out_dir`, starting from the base policy in `base_dir` (None: built
+    here from sft.model as the base stage builds it); its metrics. `outputs(metrics)` writes the stage's
+    other outputs (the flow's reports and MLflow logging) before the checkpoint is removed (checkpoint.finish)."""
     df = load_expert_trajectories(Path(tasks_dir) / "expert_trajectories.parquet")
     fmt = AgentFormat(**params.sft.agent.model_dump())
     data = params.sft.data
@@ -75,13 +67,10 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         counts |= {"own_wins": len(won), "own_played": played}
     if data.collected is not None:  # read and checked first: a bad split stops the stage before any training
         collected = load_split(data.collected, "sft.data.collected")
-    if model.source == "scratch":
-        # vocabulary from every training-pool text (sft + rl) of the variants in use; the test panel stays unseen
-        pool = expert_episodes(df[df["variant"].isin(used_variants(data))])
-        policy = build_scratch_policy(model, corpus(fmt, pool), fmt, seed=params.seed, compute=compute)
-    else:
-        policy = load_policy(model.source, fmt, context=model.max_context, probe=corpus(fmt, demos[:8]),
-                             compute=compute)
+    if base_dir is not None:  # the base stage's model (its agent.json: the format, the context)
+        policy = load_policy(base_dir, probe=corpus(fmt, demos[:8]), compute=compute)
+    else:  # built here, as the base stage builds it (the findings' own SFT arms)
+        policy = place(base_policy(params, tasks_dir)[0], compute)
     if params.sft.lora.enabled:
         lora.add_lora(policy, params.sft.lora, seed=params.seed)
     episodes = render_all(policy, demos)
@@ -99,7 +88,9 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         compute_key = params.compute.model_dump(exclude={"deepspeed": {"master_port"}} if ranks else None)
         key = checkpoint.fingerprint("sft", params.sft.model_dump(), compute_key, params.seed,
                                      params.torch_threads,
-                                     files=[tasks_dir] + ([] if model.source == "scratch" else [Path(model.source)])
+                                     files=[tasks_dir] + ([Path(base_dir)] if base_dir is not None else [])
+                                     + ([Path(model.source)] if model.source != "scratch" and base_dir is None
+                                        and Path(model.source).exists() else [])
                                      + ([Path(data.own_wins.policy)] if data.own_wins.policy else [])
                                      + ([Path(data.collected)] if data.collected else []))
     if ranks:
@@ -108,8 +99,9 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
         done = distributed.launch(_sft_rank, job, params.compute, log=log)
         history, merged = done["history"], done["merged"]
     else:
-        history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log, desc="sft",
-                                   ckpt_dir=ckpt_dir, ckpt_key=key)
+        with partial.top_layers(policy, params.sft.top_layers):
+            history = train_supervised(policy, episodes, optim_config(params.sft), seed=params.seed, log=log,
+                                       desc="sft", ckpt_dir=ckpt_dir, ckpt_key=key)
         merged = lora.merge(policy, out_dir) if lora.has_lora(policy) else None
         save_policy(policy, out_dir)
     return checkpoint.finish({

@@ -14,7 +14,7 @@ from agentkiln import paths
 from agentkiln.config import OPTIONAL_PANELS
 from agentkiln.evaluate.report import headline
 
-POLICIES = ("random", "sft", "rl", "distilled")
+POLICIES = ("random", "base", "sft", "rl", "distilled")
 
 
 def _read(path: Path) -> dict:
@@ -50,6 +50,10 @@ def pipeline_summary(root: Path, final_rl: str) -> list[str]:
     """The lines a finished run ends with."""
     reports = root / paths.REPORTS
     lines = ["agentkiln: the pipeline finished. What it produced:"]
+    base = _read(reports / "base_metrics.json")
+    if base:
+        lines.append(f"  base      models/base: {base.get('architecture', '?')} of {base.get('n_params', 0):,} parameters "
+                     f"({base.get('source', '?')})")
     sft = _read(reports / "sft_metrics.json")
     if sft:
         lines.append(f"  sft       models/sft: {sft.get('n_episodes', '?')} episodes, final token accuracy "
