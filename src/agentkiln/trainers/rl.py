@@ -56,7 +56,7 @@ from agentkiln.algos import registry
 from agentkiln.algos.losses import aggregate, entropy_bonus, kl_penalty, loglinear_proximal
 from agentkiln.config import RLParams
 from agentkiln.envs import TaskSpec
-from agentkiln.policy import lora, save_policy
+from agentkiln.policy import lora, partial, save_policy
 from agentkiln.policy.model import Policy, place
 from agentkiln.rewards import RewardState, observe_iteration
 from agentkiln.rollout.backends import HFRollout, SnapshotRollout, open_rollout
@@ -435,6 +435,13 @@ def train_rl(
     every rank plays its chunks of each synchronous round (trainers.rank_rounds) or asynchronous flight
     launched ahead (trainers.inflight.RankFlights) instead; on one process the same chunks and seeds,
     played by it alone."""
+    with partial.top_layers(policy, p.top_layers):  # the layers this stage trains (the next starts as given)
+        return _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes,
+                         make_engine, spread)
+
+
+def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes, make_engine,
+              spread) -> list[dict]:
     if ref is not None:
         ref.model.eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
