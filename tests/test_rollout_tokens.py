@@ -231,3 +231,44 @@ def test_a_forced_token_keeps_its_logprob_and_the_other_rows_draws():
     assert tok[0] == 3 and tok[1:] == free[0][1:] and lp[1:] == free[1][1:] and ent == free[2]
     z = (logits[0] / 0.7)[[1, 2, 3]].log_softmax(-1)
     assert abs(lp[0] - float(z[2])) < 1e-6  # the forced token's log-prob under the masked, tempered policy
+
+
+def test_a_groups_shared_first_prompt_is_prefilled_once_with_the_same_episodes(lake_pool):
+    """G episodes of a task start from the same prompt: the first forward pass computes it once per task
+    and copies its keys and values to the group's other rows; the episodes are the ones each row would
+    get computing its own prompt (same seed, same ids, log-probs to float rounding)."""
+    import agentkiln.rollout.kv as kv
+
+    tasks, tasks_dir = lake_pool
+    pol = policy(tasks, tasks_dir)
+    rows_run = []
+    run = kv.KVRows._run
+
+    def counting(self, ids, mask, pos, cache):
+        rows_run.append(len(ids))
+        return run(self, ids, mask, pos, cache)
+
+    kv.KVRows._run = counting
+    try:
+        grouped = run_episodes(PolicyAgent(pol, seed=3, batch_size=64), tasks[:3], tasks_dir, 4, group_size=4)
+        first = rows_run[0]
+        rows_run.clear()
+
+        def separately(self, group, ids, pos, real):  # every row its own prefill, as before the sharing
+            if group.cache is None:
+                group.cache = kv.Cache(layer_class_to_replicate=kv._SlotLayer)
+            group.mask = torch.cat([group.mask, real.to(self.device)], dim=1)
+            return self._run(ids, group.mask, pos, group.cache)
+
+        shared = kv.KVRows._forward
+        kv.KVRows._forward = separately
+        try:
+            alone = run_episodes(PolicyAgent(pol, seed=3, batch_size=64), tasks[:3], tasks_dir, 4, group_size=4)
+        finally:
+            kv.KVRows._forward = shared
+    finally:
+        kv.KVRows._run = run
+    assert first == 3 and rows_run[0] == 12  # one prefill per task, against one per episode
+    assert [e.ids for e in grouped] == [e.ids for e in alone]
+    lp = lambda eps: torch.tensor([x for e in eps for t in e.turns for x in t.logprobs])  # noqa: E731
+    assert torch.allclose(lp(grouped), lp(alone), atol=1e-5)  # a batch of another size: float rounding only

@@ -90,6 +90,11 @@ class _SlotLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.n if self.is_initialized else 0
 
+    def expand(self, index: torch.Tensor) -> None:
+        """Row i takes the slots of row index[i] (rows that were computed once for several)."""
+        self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
+        self.keys, self.values = self._k[:, :, : self.n], self._v[:, :, : self.n]
+
 
 class _Group:
     """Rows sharing one cache: `mask` [b, S] marks real slots, `pos` each row's next RoPE position."""
@@ -225,9 +230,28 @@ class KVRows:
         return out
 
     def _forward(self, group: _Group, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        if group.cache is None:
+        fresh = group.cache is None
+        if fresh:
             group.cache = Cache(layer_class_to_replicate=_SlotLayer)
         group.mask = torch.cat([group.mask, real.to(self.device)], dim=1)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=group.mask, position_ids=pos.to(self.device),
-                         use_cache=True, logits_to_keep=1, **{self.cache_arg: group.cache})
+        if fresh and len(ids) > 1:
+            # one prefill per distinct first block: a group's G episodes start from the same prompt, so it is
+            # computed once and its keys and values copied to the others (exact: the same ids, positions, mask)
+            _, inverse = torch.unique(torch.cat([ids, pos, real], dim=1), dim=0, return_inverse=True)
+            first = torch.full((int(inverse.max()) + 1,), len(ids), dtype=torch.long)
+            first.scatter_reduce_(0, inverse, torch.arange(len(ids)), reduce="amin")
+            if len(first) < len(ids):
+                rank = torch.empty_like(first)  # unique rows in the order they first appear
+                order = first.argsort()
+                rank[order] = torch.arange(len(first))
+                keep, where = first[order], rank[inverse].to(self.device)
+                logits = self._run(ids[keep], group.mask[keep.to(self.device)], pos[keep], group.cache)
+                for layer in group.cache.layers:
+                    layer.expand(where)
+                return logits[where]
+        return self._run(ids, group.mask, pos, group.cache)
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Cache) -> torch.Tensor:
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos.to(self.device),
+                         use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
         return out.logits[:, -1].float()
