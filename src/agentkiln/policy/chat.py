@@ -11,6 +11,7 @@ instead drifts (templates that strip `<think>` from past turns, BPE merges acros
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from agentkiln.errors import UserError
@@ -21,6 +22,25 @@ class ChatTemplateError(UserError, ValueError):
 
 
 _USER, _REPLY, _OBS = "u", "x", "o"  # sentinel contents of the reference renderings
+CACHE_ENTRIES = 65_536  # token-id caches keyed by text: rollouts reuse a few thousand; a server's clients vary it
+
+
+class LRU(OrderedDict):
+    """A dict that keeps its `capacity` most recently used entries: the token ids of texts (replies,
+    admissible actions) that a long-running server's clients can vary without end."""
+
+    def __init__(self, capacity: int = CACHE_ENTRIES):
+        super().__init__()
+        self.capacity = capacity
+
+    def get_or_set(self, key, make):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = self[key] = make()
+        if len(self) > self.capacity:
+            self.popitem(last=False)
+        return value
 
 
 @dataclass
@@ -32,7 +52,7 @@ class ChatFormat:
     system: str | None = None
     observation_role: str = "user"
     source: str = "policy"
-    _ids: dict = field(default_factory=dict, repr=False)
+    _ids: LRU = field(default_factory=LRU, repr=False)
 
     def __post_init__(self) -> None:
         gen = self._render(self._head(_USER), True)
@@ -66,15 +86,15 @@ class ChatFormat:
     def reply(self, text: str) -> list[int]:
         """The ids the model must generate to answer `text`: its content as the template renders an
         assistant message, then the end-of-turn token (SFT targets, constrained-decoding tries)."""
-        key = ("reply", text)
-        if key not in self._ids:
+        def make() -> list[int]:
             full = self._render(self._head(_USER) + [_msg("assistant", text)], False)
             seg = full[len(self._gen):]
             if not full.startswith(self._gen) or not seg.endswith(self._reply_tail):
                 raise self._error(f"the assistant message {text[:40]!r} is not rendered as prefix + content + end")
             body = seg[len(self._reply_prefix): len(seg) - len(self._reply_tail)]
-            self._ids[key] = self._encode(self._reply_prefix + body) + [self.end_id]
-        return list(self._ids[key])
+            return self._encode(self._reply_prefix + body) + [self.end_id]
+
+        return list(self._ids.get_or_set(("reply", text), make))
 
     def observation(self, text: str) -> list[int]:
         """What follows a reply's end-of-turn token: the environment's message, the generation prompt."""

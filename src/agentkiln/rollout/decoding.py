@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from agentkiln.policy.chat import LRU
 from agentkiln.policy.model import Policy
 from agentkiln.policy.prompt import render_action
 
@@ -47,17 +48,15 @@ class TrieCache:
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self._reply_ids: dict[tuple, list[int]] = {}
+        self._reply_ids = LRU()  # bounded: a server's clients send actions without end
 
     def __call__(self, admissible: list[str], tools: list[dict] | None) -> ActionTrie:
         return ActionTrie({a: self.reply_ids(a, tools) for a in admissible})
 
     def reply_ids(self, action: str, tools: list[dict] | None) -> list[int]:
         """The reply ids that perform `action` (a trie's path to it; rollout guidance forces them)."""
-        key = (action, bool(tools))
-        if key not in self._reply_ids:
-            self._reply_ids[key] = self.policy.chat.reply(render_action(self.policy.fmt, action, tools))
-        return self._reply_ids[key]
+        return self._reply_ids.get_or_set((action, bool(tools)), lambda: self.policy.chat.reply(
+            render_action(self.policy.fmt, action, tools)))
 
 
 def sample(logits: torch.Tensor, allowed: list[list[int] | None], temperature: float, greedy: bool,

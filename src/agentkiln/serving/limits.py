@@ -26,7 +26,6 @@ class Limits:
     tools: int = 128  # tool specs of one request
     prepare_seconds: float = 5.0  # rendering the conversation and building the admissible trie
     kept_bytes: int = 256 * MiB  # conversations kept to continue them token-in/token-out (approximate)
-    cache_bytes: int = 64 * MiB  # token ids cached per admissible action and reply text (approximate)
     record_bytes: int = 4096 * MiB  # the --record directory's episode files
 
 

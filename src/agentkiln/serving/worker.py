@@ -81,7 +81,6 @@ class Worker:
         self.conversations = Conversations(self.limits.kept_bytes, log)
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self._tries: tuple[str, TrieCache, str] | None = None  # (version, its tries, its tokenizer digest)
-        self._measured: dict[int, int] = {}  # id(cache) -> its size when last measured (serving._trim)
         self.batches = self.failed = 0
         self._stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="decode", daemon=True)
@@ -143,10 +142,6 @@ class Worker:
                     for job in group:
                         self._fail(job, e)
             self.batches += 1
-            try:
-                self._trim(policy)
-            except Exception as e:  # noqa: BLE001  (a cache left as it is must not stop the loop)
-                self.log(f"bounding the token-id caches failed ({e!r}); serving goes on")
 
     def _decode(self, jobs: list[Job], version: str, policy) -> None:
         """Prepare, decode and answer `jobs`; every job is answered, a failure only its own."""
@@ -277,22 +272,6 @@ class Worker:
         if self._tries is None or self._tries[0] != version:
             self._tries = (version, TrieCache(policy), tokenizer_digest(policy))
         return self._tries[1], self._tries[2]
-
-    def _trim(self, policy) -> None:
-        """Bound the token-id caches by bytes (limits.cache_bytes): the tries' ids per action, and the chat
-        format's per reply text, which grow with every distinct action or reply a client sends. Emptied
-        when over half the bound each (they refill as needed); measured every 256 new entries."""
-        # private attributes, read defensively: neither owner bounds its cache (ChatFormat keeps the ids of
-        # every reply text it was asked for, TrieCache those of every action)
-        caches = [getattr(policy.chat, "_ids", None),
-                  getattr(self._tries[1], "_reply_ids", None) if self._tries else None]
-        for cache in (c for c in caches if isinstance(c, dict)):
-            if len(cache) - self._measured.get(id(cache), 0) < 256:
-                continue
-            size = sum(100 + len(str(k)) + 36 * len(v) for k, v in list(cache.items()))
-            if size > self.limits.cache_bytes // 2:
-                cache.clear()
-            self._measured[id(cache)] = len(cache)
 
 
 class VLLMGenerators:
