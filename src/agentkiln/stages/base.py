@@ -33,8 +33,7 @@ from agentkiln.policy.model import PROBE_TEXTS, Policy
 from agentkiln.policy.tokenizer import check_tokenizer
 from agentkiln.rollout.episode import Episode
 from agentkiln.schemas import load_expert_trajectories
-from agentkiln.stages.common import expert_episodes
-from agentkiln.stages.sft_data import used_variants
+from agentkiln.stages.common import expert_episodes, used_variants
 
 
 class SourceError(UserError, ValueError):

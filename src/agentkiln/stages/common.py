@@ -7,6 +7,12 @@ import json
 from agentkiln.panels import load_panel as load_split  # noqa: F401  (re-exported)
 from agentkiln.panels import split_exists  # noqa: F401
 from agentkiln.rollout.episode import Episode, Turn
+from agentkiln.schemas import VARIANTS
+
+
+def used_variants(data) -> list[str]:
+    """The expert table's variants SFT trains on (`sft.data`: those of nonzero weight)."""
+    return [v for v in VARIANTS if getattr(data, v) > 0]
 
 
 def expert_episodes(df) -> list[Episode]:

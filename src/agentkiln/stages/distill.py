@@ -21,11 +21,12 @@ from pathlib import Path
 
 from agentkiln import fanout
 from agentkiln.config import ComputeParams, DistillParams, Params
-from agentkiln.policy import Policy, load_policy, save_policy
+from agentkiln.policy import AgentFormat, Policy, build_scratch_policy, load_policy, save_policy
 from agentkiln.policy.model import build_scratch_model, place
 from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
+from agentkiln.stages.base import corpus, pool_episodes
 from agentkiln.stages.common import load_split
 from agentkiln.stages.sft import optim_config, render_all
 from agentkiln.trainers import checkpoint
@@ -33,10 +34,21 @@ from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl,
 from agentkiln.trainers.supervised import train_supervised
 
 
-def build_student(p: DistillParams, teacher: Policy, seed: int, compute: ComputeParams | None = None) -> Policy:
-    if p.student.source == "scratch":  # the teacher's tokenizer and agent format
-        model = build_scratch_model(p.student, teacher.tokenizer, seed=seed)
-        return place(Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, "scratch student"), compute)
+def build_student(p: DistillParams, teacher: Policy, seed: int, compute: ComputeParams | None = None,
+                  texts: Callable[[], list[str]] | None = None) -> Policy:
+    """The student: a scratch model with the teacher's tokenizer and agent format when that vocabulary fits
+    `student.vocab_size` (a scratch teacher's, trained on the tasks); under a larger one (a pretrained
+    teacher's: SmolLM2's 49,152 tokens would be most of a small student) it trains its own BPE of that size
+    on `texts()` (the training pools' text) and talks in the scratch format (no system prompts), learning
+    from the teacher's episodes re-rendered (trajectory mode). Any other source: that model directory."""
+    if p.student.source == "scratch":
+        if len(teacher.tokenizer) <= p.student.vocab_size or texts is None:
+            model = build_scratch_model(p.student, teacher.tokenizer, seed=seed)
+            return place(Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, "scratch student"),
+                         compute)
+        student = build_scratch_policy(p.student, texts(), AgentFormat(), seed=seed, compute=compute)
+        student.source = "scratch student (own tokenizer)"
+        return student
     return load_policy(p.student.source, teacher.fmt, context=p.student.max_context, compute=compute)
 
 
@@ -73,7 +85,8 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
         return {"ckpt_dir": Path(ckpt_dir) / phase, "ckpt_key": f"{key}:{phase}"} if ckpt_dir else {}
 
     teacher = load_policy(teacher_dir, compute=params.compute)
-    student = build_student(p, teacher, params.seed, params.compute)
+    student = build_student(p, teacher, params.seed, params.compute,
+                            texts=lambda: corpus(AgentFormat(), pool_episodes(params, tasks_dir)))
     if p.mode != "trajectory":
         shared_vocab(teacher, student, p.mode)  # fail before any rollout
     pool = load_split(tasks_dir, "sft") + load_split(tasks_dir, "rl")  # training pools only

@@ -95,7 +95,8 @@ def run_sft(params: Params, tasks_dir: Path, out_dir: Path, log=None, ckpt_dir: 
                                      + ([Path(data.collected)] if data.collected else []))
     if ranks:
         job = {"policy": policy, "episodes": episodes, "cfg": optim_config(params.sft), "seed": params.seed,
-               "out_dir": Path(out_dir), "ckpt_dir": ckpt_dir and Path(ckpt_dir), "ckpt_key": key}
+               "out_dir": Path(out_dir), "ckpt_dir": ckpt_dir and Path(ckpt_dir), "ckpt_key": key,
+               "top_layers": params.sft.top_layers}
         done = distributed.launch(_sft_rank, job, params.compute, log=log)
         history, merged = done["history"], done["merged"]
     else:
@@ -125,8 +126,9 @@ def _sft_rank(rank: distributed.Rank, job: dict) -> dict | None:
     checkpoint, once every output is written)."""
     policy = place(job["policy"], rank.compute)
     factory = distributed.RankFactory(rank)
-    history = train_supervised(policy, job["episodes"], job["cfg"], seed=job["seed"], desc="sft",
-                               ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"], make_engine=factory)
+    with partial.top_layers(policy, job["top_layers"]):
+        history = train_supervised(policy, job["episodes"], job["cfg"], seed=job["seed"], desc="sft",
+                                   ckpt_dir=job["ckpt_dir"], ckpt_key=job["ckpt_key"], make_engine=factory)
     weights = factory.engine.weights()  # every rank takes part
     if not rank.main:
         return None

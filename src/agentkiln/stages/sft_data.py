@@ -29,11 +29,7 @@ from agentkiln.rollout.agents import PolicyAgent
 from agentkiln.rollout.engine import run_episodes
 from agentkiln.rollout.episode import Episode
 from agentkiln.schemas import VARIANTS
-from agentkiln.stages.common import expert_episodes
-
-
-def used_variants(data: SFTDataParams) -> list[str]:
-    return [v for v in VARIANTS if getattr(data, v) > 0]
+from agentkiln.stages.common import expert_episodes, used_variants  # noqa: F401  (re-exported)
 
 
 def mixture(df: pd.DataFrame, data: SFTDataParams, seed: int) -> tuple[list[Episode], dict[str, int]]:
