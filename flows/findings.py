@@ -4,7 +4,7 @@ reports/findings/runs/, so an interrupted run resumes and a new claim trains onl
 every panel greedily, and reports/findings/findings.{md,json,png} say, per claim, the paired effect
 b - a with its CI and whether it reproduced.
 
-    dvc repro sft && python -m flows.findings     # needs data/tasks and models/sft
+    dvc repro sft && python -m flows.findings     # needs data/tasks, models/base and models/sft
     python -m flows.findings --publish            # copy the summary to docs/findings.{md,json}
 """
 
@@ -23,30 +23,41 @@ OUT = paths.REPORTS / "findings"
 DOCS = Path("docs")
 
 
+def out_dir(params: Params) -> Path:
+    """reports/findings for the default recipe, reports/findings/<profile> for a profile's claims."""
+    return OUT if params.findings.profile == "default" else OUT / params.findings.profile
+
+
 @flow(name="findings", log_prints=True)
 def findings_flow(params: Params) -> dict:
     with stage_context("findings", params, params.findings.model_dump()):
-        result = findings.run_findings(params, paths.TASKS, OUT)
+        out = out_dir(params)
+        result = findings.run_findings(params, paths.TASKS, out)
         for c in result["claims"]:
             tracking.log_metrics({f"{c['id']}/effect": c["diff"], f"{c['id']}/ci_low": c["ci_low"],
                                   f"{c['id']}/ci_high": c["ci_high"]})
         for name in ("findings.md", "findings.json", "findings.png"):
-            tracking.log_artifact(OUT / name)
-    print((OUT / "findings.md").read_text())
+            tracking.log_artifact(out / name)
+    print((out / "findings.md").read_text())
     return {c["id"]: c["verdict"] for c in result["claims"]}
 
 
 def check(params: Params) -> None:
     """The inputs, before anything starts (params.yaml checked every arm at load)."""
     needs(paths.TASKS / "rl", "synthesize")
-    if any(params.findings.arms[a].init != "sft_arm" for a in findings.arms_in_use(params)):
+    inits = {params.findings.arms[a].init for a in findings.arms_in_use(params)}
+    if inits & {"sft", "scratch"}:
         needs(paths.SFT_MODEL, "sft")
+    if "base" in inits or ("sft_arm" in inits and params.sft.model.source != "scratch"):
+        needs(paths.BASE_MODEL, "base")
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--publish"]:  # no training: the last report's summary, copied for committing
         try:
-            for path in publish(OUT, DOCS):
+            from agentkiln.config import load_params
+
+            for path in publish(out_dir(load_params()), DOCS):
                 print(f"wrote {path}")
         except FileNotFoundError as e:
             print(f"agentkiln: {e}", file=sys.stderr)

@@ -162,8 +162,26 @@ def test_report_files_deterministic_json_and_resume_from_cached_runs(tmp_path):
     docs = tmp_path / "docs"
     written = publish(out, docs)
     assert [p.name for p in written] == ["findings.md", "findings.json", "findings.png"]
-    assert (docs / "findings.json").read_bytes() == (out / "findings.json").read_bytes()
+    published, last = json.loads((docs / "findings.json").read_text()), json.loads((out / "findings.json").read_text())
+    assert published["claims"] == last["claims"] and all(c["profile"] == "default" for c in last["claims"])
+    assert published["profiles"]["default"] == {k: v for k, v in last.items() if k != "claims"}
     assert "](images/findings.png)" in (docs / "findings.md").read_text()
+
+    # another profile's claims join the file beside the default's (its own markdown and plot); publishing
+    # a profile again replaces only its own
+    other = tmp_path / "reports" / "findings" / "real"
+    other.mkdir(parents=True)
+    real = json.loads((out / "findings.json").read_text())
+    real = real | {"profile": "real", "claims": [c | {"profile": "real"} for c in real["claims"][:1]]}
+    (other / "findings.json").write_text(json.dumps(real))
+    for name in ("findings.md", "findings.png"):
+        (other / name).write_bytes((out / name).read_bytes())
+    assert [p.name for p in publish(other, docs)] == ["findings-real.md", "findings.json", "findings-real.png"]
+    publish(other, docs)
+    both = json.loads((docs / "findings.json").read_text())
+    assert [(c["profile"], c["id"]) for c in both["claims"]] == [("default", c["id"]) for c in last["claims"]] + [
+        ("real", last["claims"][0]["id"])]
+    assert sorted(both["profiles"]) == ["default", "real"] and (docs / "images" / "findings-real.png").is_file()
 
 
 def test_scratch_init_keeps_the_architecture_and_tokenizer_with_fresh_weights(tmp_path):
@@ -211,3 +229,25 @@ def test_an_sft_arm_trains_its_own_sft_per_seed_then_plays(tmp_path):
     run = findings.run_one(params, "mixed", 1, tasks_dir, tmp_path / "no-sft-model")
     assert run["episodes"] == 0 and run["curve"] == [] and run["sft"]["n_params"] > 0
     assert len(run["outcomes"]["test"]) == 2
+
+
+def test_an_untrained_arm_is_the_start_of_a_claim_and_plays_once_for_every_seed(tmp_path):
+    """A claim may set what RL adds against its starting policy (arm a: the same init, no training); that arm
+    plays a fixed model greedily, so it runs once and its outcome stands for every seed. Two arms that train
+    differently still need one budget."""
+    from tests.conftest import ablation_repo
+
+    tasks_dir = ablation_repo(tmp_path)
+    arms = {"start": {"init": "sft", "stages": []}, "gigpo": ARMS["gigpo"]}
+    claims = [{"id": "rl_adds", "claim": "RL improves its start", "paper": "p", "a": "start", "b": "gigpo"}]
+    params = tiny_params(tmp_path, arms, claims, seeds=(0, 1, 2))
+    assert params.findings_budget("start") == 0 and params.findings_budget("gigpo") == 8
+    out = tmp_path / "reports" / "findings"
+    CALLS.clear()
+    result = findings.run_findings(params, tasks_dir, out, tmp_path / "models" / "sft", run=fake_run, say=lambda _: None)
+    assert sorted(CALLS) == [("gigpo", 0), ("gigpo", 1), ("gigpo", 2), ("start", 0)]
+    assert len(list((out / "runs").glob("start-*.json"))) == 3  # each seed's file, the first one's outcome
+    assert result["per_seed"]["start"] == [0.0, 0.0, 0.0] and result["claims"][0]["diff"] == 1.0
+    other = dict(arms, start={"init": "base", "stages": []})  # another start than gigpo's: budgets must match
+    with pytest.raises(ParamsError, match="spend different rollout budgets"):
+        tiny_params(tmp_path, other, claims)

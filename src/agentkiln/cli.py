@@ -188,10 +188,10 @@ def replay(
 @app.command()
 def findings(
     publish: Annotated[bool, typer.Option("--publish", help="train nothing: copy the last report's "
-                                          "findings.md and findings.json to docs/")] = False,
+                                          "findings.md to docs/ and merge its claims into docs/findings.json")] = False,
 ) -> None:
     """Reproduce the claims of params.yaml `findings` (python -m flows.findings): every arm x seed once,
-    cached; writes reports/findings/findings.{md,json,png}.
+    cached; writes reports/findings/findings.{md,json,png} (a profile's: reports/findings/<profile>/).
 
     Example: agentkiln findings && agentkiln findings --publish"""
     run_module("flows.findings", *(["--publish"] if publish else []))

@@ -197,16 +197,45 @@ def write_reports(r: dict, out_dir: Path) -> None:
     render_png(r, out_dir / "findings.png")
 
 
+def published_name(profile: str) -> str:
+    """The stem of a profile's summary in docs/: findings (the default recipe), findings-<profile> (others)."""
+    return "findings" if profile == "default" else f"findings-{profile}"
+
+
+def merged(existing: dict | None, report: dict) -> dict:
+    """docs/findings.json: every profile's claims in one list (each names its profile), and each profile's
+    report without them under `profiles`; `report` replaces its own profile's, the others are kept."""
+    profiles = {}
+    if existing:
+        if "profiles" in existing:
+            profiles = dict(existing["profiles"])
+            claims = {}
+            for c in existing.get("claims", []):
+                claims.setdefault(c.get("profile", "default"), []).append(c)
+            profiles = {name: r | {"claims": claims.get(name, [])} for name, r in profiles.items()}
+        else:  # one profile's report, written before profiles
+            profiles = {existing.get("profile", "default"): existing}
+    profiles[report.get("profile", "default")] = report
+    order = sorted(profiles, key=lambda name: (name != "default", name))
+    return {"claims": [c | {"profile": name} for name in order for c in profiles[name]["claims"]],
+            "profiles": {name: {k: v for k, v in profiles[name].items() if k != "claims"} for name in order}}
+
+
 def publish(out_dir: Path, docs_dir: Path) -> list[Path]:
-    """Copy the summary to docs/: findings.md (its plot to docs/images/findings.png) and findings.json."""
+    """Copy a findings run's summary to docs/: its markdown (findings.md for the default recipe,
+    findings-<profile>.md for a profile's; its plot under images/) and its claims merged into
+    findings.json beside every other profile's."""
     out_dir, docs_dir = Path(out_dir), Path(docs_dir)
     missing = [n for n in ("findings.md", "findings.json", "findings.png") if not (out_dir / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{out_dir}: no {', '.join(missing)}; run `python -m flows.findings` first")
+    report = json.loads((out_dir / "findings.json").read_text())
+    stem = published_name(report.get("profile", "default"))
     (docs_dir / "images").mkdir(parents=True, exist_ok=True)
-    md = (out_dir / "findings.md").read_text().replace("](findings.png)", "](images/findings.png)")
-    written = [docs_dir / "findings.md", docs_dir / "findings.json", docs_dir / "images" / "findings.png"]
+    md = (out_dir / "findings.md").read_text().replace("](findings.png)", f"](images/{stem}.png)")
+    written = [docs_dir / f"{stem}.md", docs_dir / "findings.json", docs_dir / "images" / f"{stem}.png"]
     written[0].write_text(md)
-    shutil.copyfile(out_dir / "findings.json", written[1])
+    previous = json.loads(written[1].read_text()) if written[1].is_file() else None
+    written[1].write_text(to_json(merged(previous, report)))
     shutil.copyfile(out_dir / "findings.png", written[2])
     return written

@@ -57,17 +57,27 @@ def run_key(params: Params, arm: str, seed: int, tasks_dir: Path, sft_dir: Path)
     files = [Path(tasks_dir) / s / "manifest.json" for s in splits]  # sealed: the tasks and their game files
     if spec.init == "sft_arm":
         files.append(Path(tasks_dir) / "expert_trajectories.parquet")
+        if (base := base_dir(sft_dir) / MANIFEST_FILE).is_file():  # the model its SFT starts from
+            files.append(base)
+    elif spec.init == "base":
+        files.append(base_dir(sft_dir) / MANIFEST_FILE)
     else:
         files.append(Path(sft_dir) / MANIFEST_FILE)  # the saved model's files and their sha256
     # a DeepSpeed-only setting cannot change a one-process run: left out, so adding one keeps the cache
     compute = params.compute.model_dump(exclude={"deepspeed": {"spread_rollouts"}}
                                         if params.compute.backend == "single" else None)
+    threads = run_threads(params)  # one thread (side by side): the key runs have always had
     return fingerprint(RESULT_VERSION, resolved(params, arm), seed, params.findings.panels,
-                       params.evaluate.model_dump(), compute, files=files)[:16]
+                       params.evaluate.model_dump(), compute, *([threads] if threads > 1 else []), files=files)[:16]
 
 
 def run_path(runs_dir: Path, arm: str, seed: int, key: str) -> Path:
     return Path(runs_dir) / f"{arm}-s{seed}-{key}.json"
+
+
+def base_dir(sft_dir: Path) -> Path:
+    """The base stage's model beside the pipeline's models/sft (models/base)."""
+    return Path(sft_dir).parent / "base"
 
 
 def reinitialised(policy: Policy, seed: int, compute) -> Policy:
@@ -83,12 +93,17 @@ def starting_policy(params: Params, arm: str, seed: int, tasks_dir: Path, sft_di
     init = params.findings.arms[arm].init
     if init == "sft":
         return load_policy(sft_dir, compute=params.compute), None
+    if init == "base":  # RL with no SFT
+        return load_policy(base_dir(sft_dir), compute=params.compute), None
     if init == "scratch":
         return reinitialised(load_policy(sft_dir, compute=params.compute), seed, params.compute), None
     # the arm's own SFT, seeded by the run's seed (scratch weights, batch order)
     own = params.model_copy(update={"sft": params.findings_sft(arm), "seed": seed})
+    base = base_dir(sft_dir)
+    if params.sft.model.source == "scratch":  # the seed draws the scratch weights: built here, seeded by the run
+        base = None
     with tempfile.TemporaryDirectory(prefix=f"findings-{arm}-s{seed}-") as tmp:
-        metrics = run_sft(own, tasks_dir, Path(tmp) / "sft")
+        metrics = run_sft(own, tasks_dir, Path(tmp) / "sft", base_dir=base if base and base.is_dir() else None)
         return load_policy(Path(tmp) / "sft", compute=params.compute), metrics
 
 
@@ -96,7 +111,7 @@ def run_one(params: Params, arm: str, seed: int, tasks_dir: Path, sft_dir: Path)
     """One arm x seed: its starting policy, its RL stages, then every panel greedily. Self-contained,
     so it can run in a worker process; one torch thread (restored after)."""
     threads = torch.get_num_threads()
-    seed_everything(seed, 1)  # whatever ran before in this process, the same run gives the same outcomes
+    seed_everything(seed, run_threads(params))  # whatever ran before in this process, the same run gives the same outcomes
     start = time.perf_counter()
     try:
         policy, sft_metrics = starting_policy(params, arm, seed, tasks_dir, sft_dir)
@@ -113,11 +128,18 @@ def run_one(params: Params, arm: str, seed: int, tasks_dir: Path, sft_dir: Path)
             "machine": machine(params)}
 
 
+def run_threads(params: Params) -> int:
+    """Torch threads of one run: 1 when runs go side by side (`workers` > 1), else `torch_threads` (one run
+    of a 135M model at a time, on every core). Part of a run's key: threads change float rounding."""
+    return 1 if params.findings.workers > 1 else params.torch_threads
+
+
 def machine(params: Params) -> str:
-    """Where a run ran, in words: CPU or GPU, cores, torch."""
+    """Where a run ran, in words: CPU or GPU, cores, threads, torch."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and params.compute.device != "cpu" \
         else f"{platform.processor() or platform.machine()} CPU"
-    return f"{device}, {os.cpu_count()} cores, 1 torch thread per run, torch {torch.__version__}"
+    n = run_threads(params)
+    return f"{device}, {os.cpu_count()} cores, {n} torch thread{'s' if n > 1 else ''} per run, torch {torch.__version__}"
 
 
 def _finish(result: dict, path: Path, say: Callable[[str], None], done: int, total: int) -> None:
@@ -142,7 +164,9 @@ def run_findings(params: Params, tasks_dir: Path, out_dir: Path, sft_dir: Path =
     arms, runs_dir = arms_in_use(params), Path(out_dir) / "runs"
     jobs = {(arm, s): run_path(runs_dir, arm, s, run_key(params, arm, s, tasks_dir, sft_dir)) for arm in arms for s in f.seeds}
     results = {job: json.loads(p.read_text()) for job, p in jobs.items() if p.is_file()}
-    todo = [job for job in jobs if job not in results]
+    # an arm that trains nothing plays a fixed model greedily: every seed's outcome is its first seed's
+    fixed = {arm for arm in arms if untrained(params, arm)}
+    todo = [job for job in jobs if job not in results and (job[0] not in fixed or job[1] == f.seeds[0])]
     say(f"findings: {len(jobs)} runs ({len(arms)} arms x {len(f.seeds)} seeds), {len(results)} cached, "
         f"{len(todo)} to run")
     if f.workers == 1 and not fanout.active():
@@ -159,9 +183,20 @@ def run_findings(params: Params, tasks_dir: Path, out_dir: Path, sft_dir: Path =
                 job = futures[fut]
                 results[job] = fut.result()
                 _finish(results[job], jobs[job], say, len(results), len(jobs))
+    for arm in fixed:
+        for seed in f.seeds[1:]:
+            if (arm, seed) not in results:
+                results[arm, seed] = results[arm, f.seeds[0]] | {"seed": seed, "seconds": 0.0, "same_as_seed": f.seeds[0]}
+                _finish(results[arm, seed], jobs[arm, seed], say, len(results), len(jobs))
     result = report(params, {arm: {s: results[arm, s] for s in f.seeds} for arm in arms}, tasks_dir)
     write_reports(result, out_dir)
     return result
+
+
+def untrained(params: Params, arm: str) -> bool:
+    """An arm that trains nothing (no RL stage, a saved starting model): its greedy outcome has no seed."""
+    spec = params.findings.arms[arm]
+    return not spec.stages and spec.init in ("sft", "base")
 
 
 def report(params: Params, runs: dict[str, dict[int, dict]], tasks_dir: Path) -> dict:
@@ -184,7 +219,8 @@ def report(params: Params, runs: dict[str, dict[int, dict]], tasks_dir: Path) ->
     seconds = {arm: [by_seed[s]["seconds"] for s in f.seeds] for arm, by_seed in runs.items()}
     machines = sorted({r["machine"] for by_seed in runs.values() for r in by_seed.values()})
     return {
-        "claims": claims, "arms": arms, "seeds": f.seeds, "panels": f.panels, "base": f.base,
+        "profile": f.profile, "claims": [c | {"profile": f.profile} for c in claims], "arms": arms, "seeds": f.seeds,
+        "panels": f.panels, "base": f.base,
         "confidence": params.evaluate.confidence, "n_boot": params.evaluate.n_boot,
         "per_seed": {arm: [round(sum(by_seed[s]["outcomes"][first]) / len(by_seed[s]["outcomes"][first]), 4)
                            for s in f.seeds] for arm, by_seed in runs.items()},
