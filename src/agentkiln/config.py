@@ -710,6 +710,9 @@ class PassKParams(_Strict):
 
 
 class EvaluateParams(_Strict):
+    panels: list[Literal["test", "val", "ood"]] = Field(
+        ["test", "val", "ood"], min_length=1, description="the panels played, of those synthesize.splits has (test "
+        "always: the headline and promotion's; a real model's zero-shot row costs minutes per panel)")
     max_turns: int | None = Field(None, ge=1, le=10_000, description=TURNS)
     decoding: dict[str, DecodingMode] = Field({}, description=DECODING)
     max_reply_tokens: int | None = Field(None, ge=1, le=65536, description=REPLY)
@@ -725,6 +728,15 @@ class EvaluateParams(_Strict):
         description="paired comparisons (a, b) on every panel, whole and per family: a - b with a "
                     "bootstrap CI over tasks")
     n_boot: int = Field(2000, ge=100, le=BIG, description="bootstrap resamples of the paired comparisons")
+
+    @model_validator(mode="after")
+    def _panels(self):
+        if "test" not in self.panels:
+            raise ValueError(f"evaluate.panels {self.panels}: test is always played (the headline and promotion's "
+                             "panel); list it")
+        if len(set(self.panels)) != len(self.panels):
+            raise ValueError(f"evaluate.panels {self.panels} names a panel twice")
+        return self
 
     @model_validator(mode="after")
     def _known_policies(self):
@@ -1001,6 +1013,8 @@ def contradictions(p: Params) -> list[str]:
     if "ood_success" in pr.guards and not ood:
         out.append("promote.guards.ood_success: there is no out-of-distribution panel to measure it on "
                    "(synthesize.splits has no ood); add an ood split or remove the guard")
+    elif "ood_success" in pr.guards and "ood" not in ev.panels:
+        out.append(f"promote.guards.ood_success: evaluate.panels {ev.panels} does not play ood; add it or remove the guard")
     for panel in OPTIONAL_PANELS:
         if panel in p.synthesize.splits:
             continue

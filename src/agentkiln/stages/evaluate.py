@@ -67,7 +67,8 @@ def check_inputs(params: Params, tasks_dir: Path, model_dirs: dict[str, Path],
     and agent.json) and each RL stage's curve.csv (columns and values). Raises ArtifactError /
     MissingArtifactError (ValueError / FileNotFoundError) naming the file and the stage to re-run.
     Returns the panels: name -> tasks."""
-    panels = {name: load_panel(tasks_dir, name) for name in PANELS if name == "test" or split_exists(tasks_dir, name)}
+    panels = {name: load_panel(tasks_dir, name) for name in PANELS
+              if name in params.evaluate.panels and (name == "test" or split_exists(tasks_dir, name))}
     for name in params.evaluate.policies:
         if name in BASELINES:
             continue
