@@ -39,6 +39,7 @@ class MissingArtifactError(ArtifactError, FileNotFoundError):
 
 # Which DVC stage writes what (dvc.yaml): the command a refusal suggests.
 _PRODUCERS = [
+    (re.compile(r"(^|/)models/base(/|$)"), "dvc repro base"),
     (re.compile(r"(^|/)models/sft(/|$)"), "dvc repro sft"),
     (re.compile(r"(^|/)models/rl/(?P<stage>[^/]+)(/|$)"), "dvc repro rl@{stage}"),
     (re.compile(r"(^|/)models/distilled(/|$)"), "dvc repro distill"),
