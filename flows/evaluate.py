@@ -35,5 +35,7 @@ def evaluate_flow(params: Params) -> dict:
 
 
 if __name__ == "__main__":
+    # only the models the stage plays (models/base where evaluate.policies names base)
     run_flow(evaluate_flow, __doc__, check=lambda p: [needs(d, paths.stage_writing(n, p))
-                                                     for n, d in paths.model_dirs(p).items()])
+                                                     for n, d in paths.model_dirs(p).items()
+                                                     if n in p.evaluate.policies])
