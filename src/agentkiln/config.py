@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 
 from agentkiln.algos import registry
 from agentkiln.errors import UserError
-from agentkiln.families import FAMILIES, MAX_RETRIES, SEED_STRIDE, resolve  # a leaf: the generators load lazily
+from agentkiln.families import FAMILIES, MAX_RETRIES, SEED_STRIDE, PluginError, load_plugins, resolve  # a leaf
 
 PARAMS_FILE = "params.yaml"
 
@@ -417,9 +417,16 @@ class JudgeReward(RewardComponent):
     no_token: str = Field(" no", min_length=1, description="the verdict counted as failure (its first token)")
 
 
+# reward components a plugin registers (agentkiln.rewards.register_reward): name -> its settings model
+PLUGIN_REWARDS: dict[str, type[RewardComponent]] = {}
+
+
 class RewardParams(_Strict):
     """A stage's reward: each component's per-turn values (clipped to [-1, 1] except `outcome`) times
-    its weight; an episode's shaping (everything but outcome) is scaled down to at most `bound` in size."""
+    its weight; an episode's shaping (everything but outcome) is scaled down to at most `bound` in size.
+    A component a plugin registered is one more key, validated by its own settings model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, allow_inf_nan=False)
 
     bound: float = Field(0.5, ge=0, le=100, description="|an episode's total shaping| at most (loops cannot farm it)")
     outcome: OutcomeReward = OutcomeReward()
@@ -433,6 +440,28 @@ class RewardParams(_Strict):
     process: ProcessReward = ProcessReward()
     judge: JudgeReward = JudgeReward()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_components(cls, data):
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            if name in cls.model_fields:
+                continue
+            if name not in PLUGIN_REWARDS:
+                known = [n for n in cls.model_fields if n != "bound"] + sorted(PLUGIN_REWARDS)
+                raise ValueError(f"reward.{name}: not a reward component (components: {', '.join(known)}; a plugin "
+                                 "registers more: docs/extending.md)")
+            settings = PLUGIN_REWARDS[name]
+            try:
+                out[name] = value if isinstance(value, settings) else settings.model_validate(value)
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"])
+                raise ValueError(f"reward.{name}{'.' + loc if loc else ''}: {err['msg']}") from None
+        return out
+
     @model_validator(mode="after")
     def _consistent(self):
         if self.judge.weight > 0 and self.judge.model is None:
@@ -440,8 +469,9 @@ class RewardParams(_Strict):
         return self
 
     def components(self) -> dict[str, RewardComponent]:
-        """name -> settings, in the order of the fields."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name != "bound"}
+        """name -> settings: the built-in ones in the order of the fields, then a plugin's."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name != "bound"} | dict(
+            self.model_extra or {})
 
 
 def merge_stage(base: dict, override: dict) -> dict:
@@ -889,6 +919,9 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 class Params(_Strict):
+    plugins: list[str] = Field([], description="your own code, imported before params are validated: modules "
+                               "(dotted names) or .py files (relative to params.yaml) that register environment "
+                               "families and reward components (docs/extending.md)")
     seed: int = Field(0, ge=0, le=SEED_MAX)
     torch_threads: int = Field(2, ge=1, le=1024, description="fixed so CPU results are bit-identical")
     compute: ComputeParams = ComputeParams()
@@ -1286,6 +1319,13 @@ def load_params(path: str | Path = PARAMS_FILE, overrides: list[str] = ()) -> Pa
         raise ParamsError(f"{path}: the top level must be a mapping of sections (seed:, synthesize:, sft:, ...), "
                           f"got a {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides), path)
+    plugins = raw.get("plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(x, str) and x for x in plugins):
+        raise ParamsError(f"{path}: plugins = {plugins!r}: a list of module names or .py files")
+    try:  # before validation: they register the families and reward components params may name
+        load_plugins(plugins, root=path.resolve().parent)
+    except PluginError as e:
+        raise ParamsError(f"{path}: {e}") from None
     try:
         return Params.model_validate(raw)
     except ValidationError as e:

@@ -14,10 +14,12 @@ from pathlib import Path
 import gymnasium
 
 from agentkiln.envs.base import DEFAULT_MAX_TURNS, Env, Observation, StepResult, TaskSpec
-from agentkiln.families import FAMILIES  # family name -> "module:class" of its environment
+from agentkiln.families import FAMILIES, register_family  # noqa: F401  (family name -> "module:class" of its environment)
+from agentkiln.families import _known
+
 
 def env_class(family: str) -> type[Env]:
-    if family not in FAMILIES:
+    if not _known(family):  # a plugin's family: the plugins this process inherited are loaded first
         raise ValueError(f"unknown environment family {family!r} (known: {sorted(FAMILIES)})")
     module, name = FAMILIES[family].split(":")
     return getattr(importlib.import_module(module), name)
@@ -43,4 +45,5 @@ for _family in FAMILIES:  # by entry-point string: the adapter is imported on th
                            kwargs={"family": _family})
 
 
-__all__ = ["gym_id", "DEFAULT_MAX_TURNS", "FAMILIES", "Env", "Observation", "StepResult", "TaskSpec", "env_class", "make"]
+__all__ = ["gym_id", "DEFAULT_MAX_TURNS", "FAMILIES", "Env", "Observation", "StepResult", "TaskSpec", "env_class", "make",
+           "register_family"]

@@ -14,12 +14,13 @@ Components (each `fn(episode, ctx, cfg) -> per-turn values`, registered by name)
 - adaptive    a base component x (1 - the task type's EMA success) (adaptive)
 - process     an implicit PRM trained online on (won, lost) pairs (process)
 - judge       a local model's P(yes) against a rubric (judge)
-The default (outcome 1, the rest 0) is each environment's own reward, unchanged.
+The default (outcome 1, the rest 0) is each environment's own reward, unchanged. A plugin adds a
+component with `register_reward(name, fn, settings)` (docs/extending.md).
 """
 
 from agentkiln.rewards import adaptive, judge, potential, process  # noqa: F401  (they register their components)
 from agentkiln.rewards.combine import turn_rewards
-from agentkiln.rewards.components import COMPONENTS, Context, component
+from agentkiln.rewards.components import COMPONENTS, Context, component, register_reward
 from agentkiln.rewards.state import RewardState
 
 
@@ -38,4 +39,5 @@ def observe_iteration(state: RewardState, episodes: list, params) -> dict:
     return row | {f"reward/{name}": v for name, v in means.items()}
 
 
-__all__ = ["COMPONENTS", "Context", "RewardState", "component", "needs_potentials", "observe_iteration", "turn_rewards"]
+__all__ = ["COMPONENTS", "Context", "RewardState", "component", "needs_potentials", "observe_iteration",
+           "register_reward", "turn_rewards"]

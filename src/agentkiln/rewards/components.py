@@ -9,11 +9,12 @@ settings (agentkiln.config.RewardParams). Every component but `outcome` should g
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentkiln.config import RewardParams
+from agentkiln.config import PLUGIN_REWARDS, RewardComponent, RewardParams
 from agentkiln.envs import env_class
 from agentkiln.rollout.episode import Episode
 
@@ -25,13 +26,33 @@ COMPONENTS: dict[str, Component] = {}
 
 
 def component(name: str) -> Callable[[Component], Component]:
-    """Register `fn` as the component `name` (a field of RewardParams)."""
+    """Register `fn` as the built-in component `name` (a field of RewardParams)."""
     def register(fn: Component) -> Component:
         if name in COMPONENTS:
             raise ValueError(f"reward component {name!r} is registered twice")
         COMPONENTS[name] = fn
         return fn
     return register
+
+
+NAME = re.compile(r"[a-z][a-z0-9_]{1,39}")
+
+
+def register_reward(name: str, fn: Component, settings: type[RewardComponent] = RewardComponent) -> Component:
+    """Register a reward component from your own code (a plugin module params.yaml's `plugins` lists):
+    `fn(episode, ctx, cfg) -> one value per turn` (clipped to [-1, 1], times `cfg.weight`, bounded per
+    episode with the other shaping terms), `settings` its settings: a RewardComponent subclass (its
+    `weight` and your own fields), validated where params name it (`rl.defaults.reward.<name>: {weight:
+    ..., ...}`) without a field in agentkiln's config. Returns `fn` (usable as a decorator's body)."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"register_reward: name {name!r}: lower-case letters, digits and '_', 2 to 40 of them")
+    if not (isinstance(settings, type) and issubclass(settings, RewardComponent)):
+        raise ValueError(f"register_reward {name!r}: settings must subclass agentkiln.config.RewardComponent")
+    if name in RewardParams.model_fields or (name in COMPONENTS and COMPONENTS[name] is not fn):
+        raise ValueError(f"register_reward: {name!r} is a component already; choose another name")
+    COMPONENTS[name] = fn
+    PLUGIN_REWARDS[name] = settings
+    return fn
 
 
 @dataclass(frozen=True)
