@@ -5,8 +5,11 @@
 #
 #   bash scripts/findings.sh                      # the default recipe's claims (the scratch model)
 #   bash scripts/findings.sh --profile smollm2    # the real model's claims ("profile": "smollm2")
+# -h, --help: this text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 profile=""
 if [ "${1:-}" = "--profile" ]; then
   [ $# -ge 2 ] || { echo "findings.sh: --profile needs a name (profiles/NAME.yaml)" >&2; exit 2; }

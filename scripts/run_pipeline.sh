@@ -4,9 +4,11 @@
 #   bash scripts/run_pipeline.sh                    # the scratch default (params.yaml as it is)
 #   bash scripts/run_pipeline.sh --profile smollm2  # profiles/smollm2.yaml applied to params.yaml first (validated,
 #                                                   # comments kept; `git diff params.yaml` shows it), its model fetched
-# Other arguments go to `python -m flows.pipeline` (e.g. --force, -S key=value).
+# Other arguments go to `python -m flows.pipeline` (e.g. --force, -S key=value; its options:
+# `.venv/bin/python -m flows.pipeline --help`). -h, --help: this text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 profile=""
 args=()
 while [ $# -gt 0 ]; do
@@ -14,6 +16,7 @@ while [ $# -gt 0 ]; do
     --profile) [ $# -ge 2 ] || { echo "run_pipeline.sh: --profile needs a name (profiles/NAME.yaml)" >&2; exit 2; }
                profile=$2; shift 2 ;;
     --profile=*) profile=${1#--profile=}; shift ;;
+    -h|--help) usage; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite, end-to-end DVC test included.
+#
+#   bash scripts/test.sh                               # every test, two pytest-xdist workers
+#   bash scripts/test.sh -n 0                          # one process
+#   bash scripts/test.sh -m "not e2e and not slow"    # without the end-to-end DVC run and the slow tests
+# Other arguments go to pytest. -h, --help: this text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 bash scripts/setup.sh
 bash scripts/install_browser.sh
 bash scripts/install_postgres.sh
