@@ -17,7 +17,7 @@ and fp32, each configuration in a fresh process (its own peak memory):
   `top_layers` is reported apart: `update_top_layers_vs_whole`).
 - `bf16_vs_fp32`: each of those in bf16 autocast against fp32 (fp32 master weights either way).
 
-    python bench/real_model.py                                  # models/base (dvc repro base with the profile)
+    python bench/real_model.py                                  # models/sft (dvc repro sft with the profile): an RL iteration starts there
     python bench/real_model.py --model models/sft --tasks data/tasks --out bench/results/real_model.json
 """
 
@@ -178,7 +178,7 @@ def in_process(fn, *args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="models/base")
+    ap.add_argument("--model", default="models/sft")
     ap.add_argument("--tasks", default="data/tasks")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tasks-per-iter", type=int, default=8)

@@ -65,7 +65,7 @@ def run_checks(cwd: Path) -> list[Check]:
             load_params(root / PARAMS_FILE)
             checks.append(Check("params", "ok", str(root / PARAMS_FILE)))
         except ParamsError as e:
-            checks.append(Check("params", "FAIL", str(e).splitlines()[0], "fix params.yaml (docs in README: Parameters)"))
+            checks.append(Check("params", "FAIL", str(e).splitlines()[0], "fix params.yaml (docs/pipeline.md: Parameters)"))
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri and uri.startswith(("http://", "https://")):
         why = _reachable(uri.rstrip("/") + "/health")

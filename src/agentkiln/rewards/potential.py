@@ -8,7 +8,7 @@ Phi = 0 at every terminal state, won or lost (Ng et al. 1999 for the absorbing s
 episodic tasks with several): then every episode the task ends pays the same shaping, -Phi(s_0), and
 only the outcome tells them apart. (Phi = -`unreachable` at a lost terminal state, as this component
 had it first, is a penalty for ending a game lost that waiting out the turn limit does not pay: on the
-word problems it taught the policy not to answer, docs/rl.md "Potential shaping, corrected".) A state
+word problems it taught the policy not to answer, docs/journal.md, 2026-11-28 "Potential shaping, corrected".) A state
 the expert cannot win from while the game goes on counts `unreachable` steps; an episode cut by the turn
 limit ends at its last state's Phi. Distances come from the rollout (run_episodes(potentials=True):
 Turn.to_go, Episode.end_to_go).
