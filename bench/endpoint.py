@@ -113,6 +113,15 @@ def machine() -> dict:
             "torch": torch.__version__, "torch_threads_server": "torch default (the cores)"}
 
 
+def _shown(path: Path) -> str:
+    """A path as the results file keeps it: relative to the working directory when inside it (a committed
+    result names no one's machine)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -162,8 +171,8 @@ def main() -> None:
         server.wait(60)
         stop_s = time.monotonic() - stopping
     same = all(r["won"] == results[0]["won"] for r in results)
-    report = {"bench": "endpoint", "model": str(model), "model_version": version, "model_config": _model_meta(model),
-              "tasks": str(tasks_dir), "note": args.note,
+    report = {"bench": "endpoint", "model": _shown(model), "model_version": version, "model_config": _model_meta(model),
+              "tasks": _shown(tasks_dir), "note": args.note,
               "panel": "test", "episodes": len(tasks), "machine": at,
               "levels": [{k: v for k, v in r.items() if k != "won"} for r in results],
               "same_outcomes_at_every_level": same, "server_peak_rss_mib": peak_rss,
