@@ -15,7 +15,7 @@ The oracle's program (knob `oracle`): `expression` prints the solution expressio
 `python[print(3 - 1 + 26)]`; `sentences` (arithmetic only) writes one statement per sentence of the
 question, distractors included, `python[Ava = 3; Ava = Ava - 1; Ava = Ava + 26; Leo = 50; print(Ava)]`,
 kept in the task's data as `program`. Each statement copies its numbers from one sentence, so a
-demonstration never asks the policy to find a number several sentences away (docs/journal.md, 2026-11-29
+demonstration never asks the policy to find a number several sentences away (docs/rl.md, session 17
 of issue 22: SFT +26.7 points on the test panel over 3 seeds).
 
 A task's data is the whole problem (question, numbers, operators, target or answer, the oracle's
