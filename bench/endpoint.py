@@ -106,9 +106,9 @@ def machine() -> dict:
     """What the figures were measured on."""
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None
-    return {"cpu": cpu or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    from agentkiln.policy.device import cpu_name
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(),
             "load_avg_1m_at_start": round(os.getloadavg()[0], 2), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads_server": "torch default (the cores)"}
 

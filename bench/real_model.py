@@ -27,7 +27,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import platform
 import random
 import resource
 import time
@@ -37,17 +36,9 @@ import torch
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from agentkiln.policy.device import native_bf16
+    from agentkiln.policy.device import cpu_name, native_bf16
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "native_bf16": native_bf16(torch.device("cpu"))}
 
 

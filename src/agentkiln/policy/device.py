@@ -34,6 +34,19 @@ def native_bf16(device: torch.device) -> bool:
     return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says: where a figure was measured."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform  # noqa: PLC0415
+
+    return platform.processor() or platform.machine()
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto` -> bf16 where the device computes it natively, else fp32; `fp32` / `bf16` as said."""
     if name == "auto":
