@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import platform
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +38,7 @@ def main() -> None:
     from agentkiln.config import load_params
     from agentkiln.panels import load_panel
     from agentkiln.policy import load_policy
+    from agentkiln.policy.device import cpu_name
     from agentkiln.rollout.agents import PolicyAgent
     from agentkiln.rollout.engine import run_episodes
     from agentkiln.seeding import seed_everything
@@ -47,7 +48,7 @@ def main() -> None:
     data = params.sft.data.model_copy(update={k: v for k, v in (("clean", args.clean), ("recovery", args.recovery))
                                               if v is not None})
     test = load_panel(args.tasks, "test")
-    out: dict = {"bench": "sft_modes", "base": args.base, "machine": platform.processor() or platform.machine(),
+    out: dict = {"bench": "sft_modes", "base": args.base, "cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                  "threads": params.torch_threads, "dtype": params.compute.dtype, "data": data.model_dump(), "modes": {}}
     for mode in args.modes:
         sft = params.sft.model_copy(update={"data": data, "top_layers": None})

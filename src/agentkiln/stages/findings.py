@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from agentkiln import fanout, paths
 from agentkiln.config import Params
 from agentkiln.evaluate.findings_report import summarize, write_reports
 from agentkiln.policy import load_policy
+from agentkiln.policy.device import cpu_name
 from agentkiln.policy.model import MANIFEST_FILE, Policy, place
 from agentkiln.stages.ablation import play_panel, train_stages
 from agentkiln.seeding import seed_everything
@@ -137,7 +137,7 @@ def run_threads(params: Params) -> int:
 def machine(params: Params) -> str:
     """Where a run ran, in words: CPU or GPU, cores, threads, torch."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and params.compute.device != "cpu" \
-        else f"{platform.processor() or platform.machine()} CPU"
+        else cpu_name()
     n = run_threads(params)
     return f"{device}, {os.cpu_count()} cores, {n} torch thread{'s' if n > 1 else ''} per run, torch {torch.__version__}"
 
