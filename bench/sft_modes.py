@@ -48,8 +48,9 @@ def main() -> None:
     data = params.sft.data.model_copy(update={k: v for k, v in (("clean", args.clean), ("recovery", args.recovery))
                                               if v is not None})
     test = load_panel(args.tasks, "test")
-    out: dict = {"bench": "sft_modes", "base": args.base, "cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                 "threads": params.torch_threads, "dtype": params.compute.dtype, "data": data.model_dump(), "modes": {}}
+    out: dict = {"bench": "sft_modes", "base": args.base, "cpu": cpu_name(), "cores": os.cpu_count(),
+                 "torch": torch.__version__, "threads": params.torch_threads, "dtype": params.compute.dtype,
+                 "data": data.model_dump(), "modes": {}}
     for mode in args.modes:
         sft = params.sft.model_copy(update={"data": data, "top_layers": None})
         if mode == "lora":
