@@ -29,7 +29,6 @@ from agentkiln.artifacts import (ArtifactError, MissingArtifactError, read_json,
                                  write_json, write_manifest)
 from agentkiln.config import ComputeParams, ModelParams
 from agentkiln.policy import device as dev
-from agentkiln.policy.allocator import return_large_blocks
 from agentkiln.policy.chat import ChatFormat
 from agentkiln.policy.prompt import FORMAT_VERSION, AgentFormat
 from agentkiln.policy.tokenizer import build_scratch_tokenizer, check_tokenizer
@@ -191,7 +190,6 @@ def load_policy(source: str | Path, fmt: AgentFormat | None = None, context: int
     """A saved policy directory (checked against its manifest; its agent.json gives format and
     context), or any causal LM directory (then `fmt` / `context` or the defaults). Checks the
     tokenizer on PROBE_TEXTS + `probe`; `compute` places it (device, precision, attention)."""
-    return_large_blocks()  # a big model's freed KV caches go back to the system (policy/allocator.py)
     source = str(source)
     path = Path(source)
     if not path.is_dir() and (path.is_absolute() or source.startswith((".", "models/", "data/"))):

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from agentkiln import fanout
 from agentkiln.envs import Env, Observation, StepResult, TaskSpec, make
 from agentkiln.envs.base import tool_call
+from agentkiln.policy.allocator import release_free_memory
 from agentkiln.policy.prompt import parse_reply
 from agentkiln.rollout.episode import Episode, Turn
 from agentkiln.rollout.potentials import measure as measure_distances
@@ -42,6 +43,7 @@ def run_episodes(agent, tasks: list[TaskSpec], tasks_dir: str | Path, max_turns:
             guide = [random.Random(f"{seed}:{specs[i].task_id}:{members[i]}") if members[i] >= group_size - guided
                      else None for i in range(len(episodes))[sl]]
             _play(agent, episodes[sl], specs[sl], tasks_dir, max_turns, bar, guide)
+            release_free_memory()  # the chunk's KV cache, freed, leaves the process (policy/allocator.py)
     if potentials:
         measure_distances(episodes, specs, tasks_dir)
     return episodes
