@@ -5,9 +5,12 @@ every panel greedily, and reports/findings/findings.{md,json,png} say, per claim
 b - a with its CI and whether it reproduced.
 
     dvc repro sft && python -m flows.findings     # needs data/tasks, models/base and models/sft
+    python -m flows.findings --claims rl_from_base # these claims only (their arms): --publish then replaces
+                                                  # those claims of the published ones, the others kept
     python -m flows.findings --publish            # copy the summary to docs/findings.{md,json}
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from agentkiln import paths, tracking
 from agentkiln.config import Params
 from agentkiln.evaluate.findings_report import publish
 from agentkiln.stages import findings
-from flows._stage import needs, run_flow, stage_context
+from flows._stage import call_flow, needs, run_flow, stage_context
 
 OUT = paths.REPORTS / "findings"
 DOCS = Path("docs")
@@ -29,10 +32,10 @@ def out_dir(params: Params) -> Path:
 
 
 @flow(name="findings", log_prints=True)
-def findings_flow(params: Params) -> dict:
+def findings_flow(params: Params, claims: list[str] | None = None) -> dict:
     with stage_context("findings", params, params.findings.model_dump()):
         out = out_dir(params)
-        result = findings.run_findings(params, paths.TASKS, out)
+        result = findings.run_findings(params, paths.TASKS, out, only=claims)
         for c in result["claims"]:
             tracking.log_metrics({f"{c['id']}/effect": c["diff"], f"{c['id']}/ci_low": c["ci_low"],
                                   f"{c['id']}/ci_high": c["ci_high"]})
@@ -42,8 +45,10 @@ def findings_flow(params: Params) -> dict:
     return {c["id"]: c["verdict"] for c in result["claims"]}
 
 
-def check(params: Params) -> None:
+def check(params: Params, claims: list[str] | None = None) -> None:
     """The inputs, before anything starts (params.yaml checked every arm at load)."""
+    if claims:
+        params = findings.only_claims(params, claims)
     needs(paths.TASKS / "rl", "synthesize")
     inits = {params.findings.arms[a].init for a in findings.arms_in_use(params)}
     if inits & {"sft", "scratch"}:
@@ -53,14 +58,22 @@ def check(params: Params) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--publish"]:  # no training: the last report's summary, copied for committing
+    ap = argparse.ArgumentParser(prog="python -m flows.findings", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--publish", action="store_true", help="no training: copy the last report's summary to docs/")
+    mode.add_argument("--claims", type=lambda v: [x for x in v.split(",") if x], metavar="ID[,ID...]",
+                      help="run these claims of params.yaml findings.claims only (default: all)")
+    args = ap.parse_args()
+    if args.publish:
         try:
             from agentkiln.config import load_params
 
             for path in publish(out_dir(load_params()), DOCS):
                 print(f"wrote {path}")
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ValueError) as e:
             print(f"agentkiln: {e}", file=sys.stderr)
             sys.exit(2)
         sys.exit(0)
-    run_flow(findings_flow, __doc__, check=check)
+    run_flow(lambda params: call_flow(findings_flow, params=params, claims=args.claims),
+             check=lambda params: check(params, args.claims))

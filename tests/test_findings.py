@@ -184,6 +184,46 @@ def test_report_files_deterministic_json_and_resume_from_cached_runs(tmp_path):
     assert sorted(both["profiles"]) == ["default", "real"] and (docs / "images" / "findings-real.png").is_file()
 
 
+def test_a_run_of_some_claims_replaces_only_those_when_published(tmp_path):
+    from agentkiln.errors import UserError
+    from tests.conftest import ablation_repo
+
+    tasks_dir = ablation_repo(tmp_path)
+    out, sft, docs = tmp_path / "reports" / "findings", tmp_path / "models" / "sft", tmp_path / "docs"
+    full = findings.run_findings(tiny_params(tmp_path), tasks_dir, out, sft, run=fake_run, say=lambda _: None)
+    publish(out, docs)
+    # clip_higher's a arm changed: only its claim runs (only the new arm trains), the gigpo claim is kept
+    arms = dict(ARMS, clip_wide={"stages": [{"algorithm": "gigpo", "clip_high": 0.25}]})
+    claims = [CLAIMS[0], dict(CLAIMS[1], a="clip_wide")]
+    CALLS.clear()
+    part = findings.run_findings(tiny_params(tmp_path, arms, claims), tasks_dir, out, sft, run=fake_run,
+                                 say=lambda _: None, only=["clip_higher"])
+    assert sorted(CALLS) == [("clip_wide", 0), ("clip_wide", 1)]  # gigpo's runs are cached
+    assert part["only"] == ["clip_higher"] and [c["id"] for c in part["claims"]] == ["clip_higher"]
+    assert set(part["arms"]) == {"clip_wide", "gigpo"}
+    publish(out, docs)
+    now = json.loads((docs / "findings.json").read_text())
+    assert [c["id"] for c in now["claims"]] == ["gigpo", "clip_higher"]
+    assert now["claims"][0] == full["claims"][0] | {"profile": "default"}  # untouched
+    assert now["claims"][1]["arms"]["a"]["name"] == "clip_wide" and now["claims"][1]["diff"] == 1.0
+    mine = now["profiles"]["default"]
+    assert sorted(mine["arms"]) == ["clip_wide", "gigpo", "grpo"] and sorted(mine["per_seed"]) == sorted(mine["arms"])
+    assert "only" not in mine and mine["meta"]["runs"] == 6 and mine["meta"]["total_minutes"] == 6.0
+    md = (docs / "findings.md").read_text()
+    assert "| gigpo vs grpo |" in md and "| gigpo vs clip_wide |" in md and "clip_sym" not in md
+    assert (docs / "images" / "findings.png").read_bytes()[:4] == b"\x89PNG"
+    # claims run at other seeds do not compare with the published ones: refused, docs untouched
+    before = (docs / "findings.json").read_bytes()
+    findings.run_findings(tiny_params(tmp_path, arms, claims, seeds=(0,)), tasks_dir, out, sft, run=fake_run,
+                          say=lambda _: None, only=["clip_higher"])
+    with pytest.raises(ValueError, match=r"the claims run \(clip_higher\) have seeds = \[0\], the published "
+                                         r"'default' claims \[0, 1\]; run every claim"):
+        publish(out, docs)
+    assert (docs / "findings.json").read_bytes() == before
+    with pytest.raises(UserError, match=r"no claim 'clip' in params.yaml findings.claims \(its claims: gigpo, clip_higher\)"):
+        findings.run_findings(tiny_params(tmp_path), tasks_dir, out, sft, run=fake_run, only=["clip"])
+
+
 def test_scratch_init_keeps_the_architecture_and_tokenizer_with_fresh_weights(tmp_path):
     from tests.conftest import ablation_repo
 

@@ -4,7 +4,8 @@
     agentkiln stage rl@main                  one DVC stage and what it needs
     agentkiln eval --model sft --panel ood   evaluate any policy on a frozen panel
     agentkiln play --family sokoban          watch an episode in the terminal
-    agentkiln findings [--publish]           reproduce the papers' claims (params.yaml findings)
+    agentkiln findings [--publish]           reproduce the papers' claims (params.yaml findings; --claims:
+                                             some of them)
     agentkiln promote | rollback | registry  the model registry
     agentkiln serve --cron "0 3 * * *"       the pipeline on a schedule (Prefect)
     agentkiln ui                             MLflow and Prefect servers on loopback
@@ -189,12 +190,16 @@ def replay(
 def findings(
     publish: Annotated[bool, typer.Option("--publish", help="train nothing: copy the last report's "
                                           "findings.md to docs/ and merge its claims into docs/findings.json")] = False,
+    claims: Annotated[str | None, typer.Option("--claims", metavar="ID[,ID...]", help="these claims only (their arms); "
+                                                "--publish then replaces those of the published claims")] = None,
 ) -> None:
     """Reproduce the claims of params.yaml `findings` (python -m flows.findings): every arm x seed once,
     cached; writes reports/findings/findings.{md,json,png} (a profile's: reports/findings/<profile>/).
 
     Example: agentkiln findings && agentkiln findings --publish"""
-    run_module("flows.findings", *(["--publish"] if publish else []))
+    if publish and claims:
+        raise typer.BadParameter("--claims runs claims, --publish copies the last report: one at a time")
+    run_module("flows.findings", *(["--publish"] if publish else []), *(["--claims", claims] if claims else []))
 
 
 # ---------------------------------------------------------------------------- the registry

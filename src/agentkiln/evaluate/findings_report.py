@@ -12,7 +12,6 @@ reports/findings/findings.json (deterministic: sorted keys, rounded numbers, tim
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -202,9 +201,32 @@ def published_name(profile: str) -> str:
     return "findings" if profile == "default" else f"findings-{profile}"
 
 
+def with_claims(old: dict, new: dict) -> dict:
+    """A profile's report with the claims of `new`, a run of some of its claims only (`python -m flows.findings
+    --claims ...`), in place of the same claims of `old`; old's other claims, their arms and timings kept.
+    Both must share the seeds, panels and shared RL settings: claims run otherwise do not compare."""
+    for key in ("seeds", "panels", "base", "confidence", "n_boot"):
+        if old.get(key) != new.get(key):
+            raise ValueError(f"findings: the claims run ({', '.join(new['only'])}) have {key} = {new.get(key)!r}, "
+                             f"the published {new.get('profile', 'default')!r} claims {old.get(key)!r}; run every "
+                             "claim (python -m flows.findings, no --claims) to replace them all")
+    fresh = {c["id"]: c for c in new["claims"]}
+    claims = [fresh.pop(c["id"], c) for c in old["claims"]] + list(fresh.values())
+    used = [name for c in claims for name in (c["arms"]["a"]["name"], c["arms"]["b"]["name"])]
+    arms = {name: new["arms"].get(name) or old["arms"][name] for name in dict.fromkeys(used)}
+    per_seed = {name: new["per_seed"].get(name) or old["per_seed"][name] for name in arms}
+    minutes = {name: new["meta"]["minutes"].get(name, old["meta"]["minutes"].get(name)) for name in arms}
+    machines = sorted({m for r in (old, new) for m in r["meta"].get("machine", "").split("; ") if m})
+    meta = {"machine": "; ".join(machines), "runs": len(arms) * len(new["seeds"]), "minutes": minutes,
+            "total_minutes": round(sum(m for m in minutes.values() if m) * len(new["seeds"]), 2)}
+    return {k: v for k, v in old.items() if k != "only"} | {"claims": claims, "arms": arms, "per_seed": per_seed,
+                                                            "meta": meta}
+
+
 def merged(existing: dict | None, report: dict) -> dict:
     """docs/findings.json: every profile's claims in one list (each names its profile), and each profile's
-    report without them under `profiles`; `report` replaces its own profile's, the others are kept."""
+    report without them under `profiles`; `report` replaces its own profile's, the others are kept (a run
+    of some claims only, `only`, replaces those claims of its profile: with_claims)."""
     profiles = {}
     if existing:
         if "profiles" in existing:
@@ -215,27 +237,32 @@ def merged(existing: dict | None, report: dict) -> dict:
             profiles = {name: r | {"claims": claims.get(name, [])} for name, r in profiles.items()}
         else:  # one profile's report, written before profiles
             profiles = {existing.get("profile", "default"): existing}
-    profiles[report.get("profile", "default")] = report
+    name = report.get("profile", "default")
+    if report.get("only") and name in profiles:
+        report = with_claims(profiles[name], report)
+    profiles[name] = {k: v for k, v in report.items() if k != "only"}
     order = sorted(profiles, key=lambda name: (name != "default", name))
     return {"claims": [c | {"profile": name} for name in order for c in profiles[name]["claims"]],
             "profiles": {name: {k: v for k, v in profiles[name].items() if k != "claims"} for name in order}}
 
 
 def publish(out_dir: Path, docs_dir: Path) -> list[Path]:
-    """Copy a findings run's summary to docs/: its markdown (findings.md for the default recipe,
-    findings-<profile>.md for a profile's; its plot under images/) and its claims merged into
-    findings.json beside every other profile's."""
+    """Copy a findings run's summary to docs/: its claims merged into findings.json beside every other
+    profile's, and that profile's markdown (findings.md for the default recipe, findings-<profile>.md for
+    a profile's) and plot (under images/) rendered from what findings.json now holds for it."""
     out_dir, docs_dir = Path(out_dir), Path(docs_dir)
     missing = [n for n in ("findings.md", "findings.json", "findings.png") if not (out_dir / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{out_dir}: no {', '.join(missing)}; run `python -m flows.findings` first")
     report = json.loads((out_dir / "findings.json").read_text())
-    stem = published_name(report.get("profile", "default"))
+    name = report.get("profile", "default")
+    stem = published_name(name)
     (docs_dir / "images").mkdir(parents=True, exist_ok=True)
-    md = (out_dir / "findings.md").read_text().replace("](findings.png)", f"](images/{stem}.png)")
     written = [docs_dir / f"{stem}.md", docs_dir / "findings.json", docs_dir / "images" / f"{stem}.png"]
-    written[0].write_text(md)
     previous = json.loads(written[1].read_text()) if written[1].is_file() else None
-    written[1].write_text(to_json(merged(previous, report)))
-    shutil.copyfile(out_dir / "findings.png", written[2])
+    now = merged(previous, report)
+    mine = now["profiles"][name] | {"claims": [c for c in now["claims"] if c["profile"] == name]}
+    written[0].write_text(render_markdown(mine).replace("](findings.png)", f"](images/{stem}.png)"))
+    written[1].write_text(to_json(now))
+    render_png(mine, written[2])
     return written

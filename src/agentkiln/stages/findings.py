@@ -25,6 +25,7 @@ import torch
 
 from agentkiln import fanout, paths
 from agentkiln.config import Params
+from agentkiln.errors import UserError
 from agentkiln.evaluate.findings_report import summarize, write_reports
 from agentkiln.policy import load_policy
 from agentkiln.policy.device import cpu_name
@@ -153,11 +154,15 @@ def _finish(result: dict, path: Path, say: Callable[[str], None], done: int, tot
 
 @fanout.in_session
 def run_findings(params: Params, tasks_dir: Path, out_dir: Path, sft_dir: Path = paths.SFT_MODEL,
-                 run: Callable[..., dict] = run_one, say: Callable[[str], None] = print) -> dict:
+                 run: Callable[..., dict] = run_one, say: Callable[[str], None] = print,
+                 only: list[str] | None = None) -> dict:
     """Run every arm x seed the claims need that out_dir/runs does not hold yet (`findings.workers` at a
     time; on Ray as many as the cluster has CPUs), then write out_dir/findings.{json,md,png}. `run`
-    (module-level, so worker processes can import it) trains and plays one arm x seed. Returns the
-    report's content."""
+    (module-level, so worker processes can import it) trains and plays one arm x seed. `only`: these
+    claims (ids) and their arms alone; the report says so (`only`), and publishing it replaces those
+    claims of the published ones. Returns the report's content."""
+    if only:
+        params = only_claims(params, only)
     f = params.findings
     if not f.claims:
         raise ValueError("findings.claims is empty: nothing to reproduce (params.yaml findings)")
@@ -189,8 +194,21 @@ def run_findings(params: Params, tasks_dir: Path, out_dir: Path, sft_dir: Path =
                 results[arm, seed] = results[arm, f.seeds[0]] | {"seed": seed, "seconds": 0.0, "same_as_seed": f.seeds[0]}
                 _finish(results[arm, seed], jobs[arm, seed], say, len(results), len(jobs))
     result = report(params, {arm: {s: results[arm, s] for s in f.seeds} for arm in arms}, tasks_dir)
+    if only:
+        result["only"] = [c.id for c in f.claims]
     write_reports(result, out_dir)
     return result
+
+
+def only_claims(params: Params, ids: list[str]) -> Params:
+    """params with findings.claims narrowed to `ids` (in params' order); an unknown id is a UserError."""
+    known = [c.id for c in params.findings.claims]
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise UserError(f"findings --claims: no claim {', '.join(map(repr, unknown))} in params.yaml findings.claims "
+                        f"(its claims: {', '.join(known)})")
+    claims = [c for c in params.findings.claims if c.id in ids]
+    return params.model_copy(update={"findings": params.findings.model_copy(update={"claims": claims})})
 
 
 def untrained(params: Params, arm: str) -> bool:
