@@ -330,3 +330,29 @@ def test_a_tampered_panel_is_refused(runs, tmp_path):
         load_split(tmp_path, "test")
     path.write_text(original)
     assert [t.task_id for t in load_split(tmp_path, "test")] == [t["task_id"] for t in m["tasks"]]
+
+
+def test_cooking_games_share_one_parse_of_the_knowledge_base_with_the_same_bytes(tmp_path, monkeypatch):
+    """A synthesis worker parses the knowledge base cooking.make loads once: a game made after another,
+    from the shared parse, has the bytes of the same game made from a parse of its own."""
+    from textworld.challenges import cooking
+    from textworld.generator.data import KnowledgeBase
+
+    from agentkiln.families import resolve
+    from agentkiln.synthesis import textworld_games
+    from agentkiln.synthesis.stage import _timed_build
+
+    knobs = resolve("textworld", "easy", game="cooking")
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    # a worker's first TextWorld build installs the shared parse
+    assert _timed_build("textworld", "t", "cook", 7001, knobs, str(shared), 40)["task"] is not None
+    parses = []
+    monkeypatch.setattr(KnowledgeBase, "load", classmethod(lambda cls, *a, **k: parses.append(k) or pytest.fail()))
+    first = textworld_games.candidate(7002, knobs, shared)
+    assert parses == []  # the shared parse served it (KnowledgeBase.load would have failed the test)
+    monkeypatch.undo()
+    monkeypatch.setattr(cooking, "KnowledgeBase", KnowledgeBase)  # TextWorld's own: a parse per game
+    second = textworld_games.candidate(7002, knobs, own)
+    assert first.data == second.data  # the sha256 of the .z8 and .json, the recipe
+    for f in sorted((own / "games").glob("tw-7002.*")):
+        assert (shared / "games" / f.name).read_bytes() == f.read_bytes(), f.name
