@@ -1,4 +1,5 @@
-"""One parse of TextWorld's cooking knowledge base per process (imported by a synthesis worker before its first TextWorld task).
+"""One parse of TextWorld's cooking knowledge base per process (imported by a synthesis worker before
+its first TextWorld task).
 
 cooking.make parses its logic files again for every game (KnowledgeBase.load: tatsu, ~0.8 s of a
 cooking game's ~2.5 s of synthesis; the rest is two Inform compiles). The files do not change within a
