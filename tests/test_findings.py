@@ -2,6 +2,7 @@
 paired differences, verdicts, the report files (deterministic JSON), resume from cached runs, one tiny
 end-to-end run."""
 
+import importlib.util
 import json
 
 import pytest
@@ -43,6 +44,43 @@ def test_repository_claims_compare_arms_at_one_budget():
     assert [s.max_turns for s in p.findings_stages("scaling")] == [8, None]
     assert [s.max_turns for s in p.findings_stages("gigpo")] == [None]
     assert p.findings.arms["scratch"].init == "scratch"
+
+
+def params_of(profile: str, tmp_path):
+    """params.yaml as a profile's findings run it: as it is for the default, profiles/<name>.yaml applied
+    (by scripts/apply_profile.py, validated) otherwise."""
+    if profile == "default":
+        return load_params(ROOT / "params.yaml")
+    spec = importlib.util.spec_from_file_location("apply_profile", ROOT / "scripts" / "apply_profile.py")
+    ap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ap)
+    out = tmp_path / f"params-{profile}.yaml"
+    assert ap.main([str(ROOT / "profiles" / f"{profile}.yaml"), "--params", str(ROOT / "params.yaml"),
+                    "--out", str(out)]) == 0
+    return load_params(out)
+
+
+def test_published_claims_were_measured_with_the_arms_params_define_today(tmp_path):
+    """docs/findings.json is what the README's findings tables quote: a claim whose arm runs otherwise
+    today (its stages and SFT as findings.resolved spells them out), whose budget, seeds, panels or
+    shared RL settings (findings.base) have changed in params.yaml or its profile is stale and must be
+    run again (`python -m flows.findings --claims ID`, then `--publish`)."""
+    published = json.loads((ROOT / "docs" / "findings.json").read_text())
+    assert set(published["profiles"]) == {c["profile"] for c in published["claims"]} >= {"default", "smollm2"}
+    for profile, meta in published["profiles"].items():
+        f = (p := params_of(profile, tmp_path)).findings
+        assert (f.profile, meta["base"], meta["seeds"], meta["panels"]) == (profile, f.base, f.seeds, f.panels)
+        claims = {c.id: c for c in f.claims}
+        for c in (c for c in published["claims"] if c["profile"] == profile):
+            assert c["id"] in claims, f"{profile}: published claim {c['id']} is no longer in params"
+            for side in ("a", "b"):
+                arm = c["arms"][side]
+                assert arm["name"] == getattr(claims[c["id"]], side), (profile, c["id"], side)
+                then = p.model_copy(deep=True)  # the arm as published, merged with today's defaults
+                then.findings.arms[arm["name"]] = type(f.arms[arm["name"]]).model_validate(arm["spec"])
+                assert findings.resolved(then, arm["name"]) == findings.resolved(p, arm["name"]), (
+                    f"{profile}: claim {c['id']}'s arm {arm['name']} runs otherwise in params today")
+                assert arm["budget"] == p.findings_budget(arm["name"]), (profile, c["id"], arm["name"])
 
 
 def test_claims_name_existing_arms_at_the_same_budget(tmp_path):
