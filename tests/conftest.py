@@ -198,6 +198,16 @@ def task_texts(tasks, tasks_dir) -> list[str]:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def apply_profile_script():
+    """scripts/apply_profile.py as a module (scripts/ is no package): profiles applied as the command does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("apply_profile", ROOT / "scripts" / "apply_profile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def copy_worktree(dst: Path) -> Path:
     """The repository's files (tracked, and untracked but not ignored) copied to `dst`: a clean checkout
     of the working tree, for tests that run git/DVC on their own copy."""

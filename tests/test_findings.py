@@ -14,7 +14,7 @@ from agentkiln.stats import paired_difference
 from agentkiln.stages import findings
 from agentkiln.stages.common import load_split
 from tests.test_config import ROOT, write
-from tests.test_gpu import _apply_profile
+from tests.conftest import apply_profile_script
 
 TINY_BASE = {"iterations": 100, "episode_budget": 8, "tasks_per_iter": 2, "group_size": 2, "max_turns": 4,
              "rollout_batch": 8}
@@ -51,7 +51,7 @@ def params_of(profile: str, tmp_path):
     (by scripts/apply_profile.py, validated) otherwise."""
     if profile == "default":
         return load_params(ROOT / "params.yaml")
-    ap = _apply_profile()
+    ap = apply_profile_script()
     out = tmp_path / f"params-{profile}.yaml"
     assert ap.main([str(ROOT / "profiles" / f"{profile}.yaml"), "--params", str(ROOT / "params.yaml"),
                     "--out", str(out)]) == 0

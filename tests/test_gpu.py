@@ -21,17 +21,10 @@ import torch
 from agentkiln.config import ComputeParams, RLParams, load_params, read_yaml
 from agentkiln.policy import load_policy
 from agentkiln.trainers.rl import train_rl
-from tests.conftest import ROOT, make_chat_model, task_texts
+from tests.conftest import ROOT, apply_profile_script, make_chat_model, task_texts
 
 PROFILE = ROOT / "profiles" / "gpu-qwen2.5.yaml"
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")
-
-
-def _apply_profile():
-    spec = importlib.util.spec_from_file_location("apply_profile", ROOT / "scripts" / "apply_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _bench(name: str):
@@ -141,7 +134,7 @@ def _dotted(tree: dict, path: tuple):
 
 
 def test_the_gpu_profile_applies_to_params_yaml_validated_with_comments_kept(tmp_path):
-    ap = _apply_profile()
+    ap = apply_profile_script()
     model_dir = make_chat_model(tmp_path / "Qwen2.5-0.5B-Instruct", "qwen2", ["go north", "take the red key"])
     original = (ROOT / "params.yaml").read_text()
     params = tmp_path / "params.yaml"
@@ -170,7 +163,7 @@ def test_the_gpu_profile_applies_to_params_yaml_validated_with_comments_kept(tmp
 
 
 def test_a_profile_result_that_does_not_validate_is_not_written(tmp_path, capsys):
-    ap = _apply_profile()
+    ap = apply_profile_script()
     params = tmp_path / "params.yaml"
     params.write_text((ROOT / "params.yaml").read_text())
     before = params.read_text()
@@ -184,7 +177,7 @@ def test_a_profile_result_that_does_not_validate_is_not_written(tmp_path, capsys
 
 
 def test_set_overrides_inside_flow_mappings_new_keys_and_the_whole_file_fallback(tmp_path, monkeypatch):
-    ap = _apply_profile()
+    ap = apply_profile_script()
     original = (ROOT / "params.yaml").read_text()
     sets = [ap.parse_set(s) for s in ["rl.stages.main.max_turns=8", "synthesize.task_types.coin_easy.level=medium",
                                       "rl.defaults.decoding={default: free}", "rl.defaults.lr=1e-4"]]
