@@ -17,13 +17,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends git bubblewrap 
 
 WORKDIR /app
 ARG TORCH_VARIANT=cpu
-# Dependencies first, from pyproject.toml alone (a stub package stands in for the source), so an
-# edit of the source does not reinstall them.
-COPY pyproject.toml README.md ./
-RUN mkdir -p src/agentkiln && touch src/agentkiln/__init__.py \
-    && pip install --no-cache-dir torch==2.13.0 --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" \
-    && pip install --no-cache-dir . \
-    && pip uninstall -y agentkiln \
+# Dependencies first, from requirements.lock alone (every package at the version and sha256 digest it
+# pins, as scripts/setup.sh installs them), so an edit of the source does not reinstall them.
+COPY requirements.lock ./
+RUN pip install --no-cache-dir torch==2.13.0 --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" \
+    && pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock \
     && python -c "import torch, sys; v='${TORCH_VARIANT}'; sys.exit((v == 'cpu') != (torch.version.cuda is None) \
        and f'TORCH_VARIANT={v} installed torch {torch.__version__} (CUDA {torch.version.cuda})')"
 

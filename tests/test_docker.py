@@ -27,8 +27,9 @@ def test_hadolint_clean():
 
 def test_dependencies_are_installed_before_the_source_is_copied():
     lines = [line.strip() for line in DOCKERFILE.splitlines()]
-    copy_meta = next(i for i, line in enumerate(lines) if line.startswith("COPY pyproject.toml"))
-    install_deps = next(i for i, line in enumerate(lines) if "pip install --no-cache-dir ." in line)
+    copy_meta = next(i for i, line in enumerate(lines) if line.startswith("COPY requirements.lock"))
+    install_deps = next(i for i, line in enumerate(lines) if "-r requirements.lock" in line)
+    assert "--require-hashes" in lines[install_deps]  # the image gets the locked files, as setup.sh does
     copy_all = next(i for i, line in enumerate(lines) if line.startswith("COPY") and " . ." in line)
     assert copy_meta < install_deps < copy_all
     assert "--no-deps" in DOCKERFILE.split(lines[copy_all], 1)[1]  # the source layer installs no dependency
@@ -56,7 +57,7 @@ def test_dockerignore_keeps_local_state_out_of_the_context():
                  "models/sft/config.json", ".dvc/cache/files/md5/ab", "src/agentkiln/__pycache__/x.pyc"):
         assert ignored(path), path
     for path in ("pyproject.toml", "README.md", "src/agentkiln/cli.py", "flows/pipeline.py", "dvc.yaml", "params.yaml",
-                 "scripts/setup.sh"):
+                 "scripts/setup.sh", "requirements.lock"):
         assert not ignored(path), path
 
 
