@@ -36,6 +36,10 @@ def rl_flow(params: Params, stage: str | None = None) -> dict:
                               outputs=outputs, **dirs)
         print(f"RL stage {name} ({metrics['algorithm']}): pool success "
               f"{metrics['pool_success_before']:.3f} -> {metrics['pool_success_after']:.3f}")
+        if "selected_iteration" in metrics:
+            print(f"RL stage {name}: saved the weights of iteration {metrics['selected_iteration']} of "
+                  f"{metrics['iterations']} ({metrics['select_panel']} {metrics['select_success_start']:.3f} at the "
+                  f"start, {metrics['select_success_selected']:.3f} kept, {metrics['select_success_last']:.3f} last)")
         results[name] = metrics
     return results
 

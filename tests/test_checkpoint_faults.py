@@ -65,7 +65,8 @@ def root(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("faults")
     tiny_dataset(root / "tasks", {"sft": {"frozenlake_easy": 1.0}, "rl": {"frozenlake_easy": 1.0},
-                                  "test": {"frozenlake_easy": 1.0}}, n={"sft": 8, "rl": 4, "test": 2})
+                                  "test": {"frozenlake_easy": 1.0}, "val": {"frozenlake_easy": 1.0}},
+                 n={"sft": 8, "rl": 4, "test": 2, "val": 2})
     params = params_with(TINY)
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
     seed_everything(params.seed, params.torch_threads)

@@ -342,3 +342,28 @@ def test_an_unparsable_override_is_one_line(override, expected):
     with pytest.raises(ParamsError) as e:
         load_params(ROOT / "params.yaml", overrides=[override])
     assert "\n" not in str(e.value) and expected in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("profile", [None, "smollm2", "gpu-qwen2.5"])
+def test_params_survive_the_rewrite_of_dvc_exp_run_set_param(tmp_path, profile):
+    """`python -m flows.pipeline -S KEY=VALUE` is `dvc exp run --set-param`: DVC rewrites params.yaml with
+    ruamel's round trip and reads it back with its C parser. A flow mapping holding a string with '? '
+    (the judge's rubric) came back unquoted and unreadable, and every -S run stopped before its first
+    stage. params.yaml, and params.yaml with each profile applied, must come back with the same values."""
+    from dvc.utils.serialize import modify_yaml, parse_yaml
+
+    from tests.conftest import apply_profile_script
+
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text())
+    if profile:
+        model = []
+        if profile.startswith("gpu"):  # its placeholder: a local model directory
+            from tests.conftest import make_chat_model
+
+            model = ["--set", f"sft.model.source={make_chat_model(tmp_path / 'qwen', 'qwen2', ['go north'])}"]
+        assert apply_profile_script().main([str(ROOT / "profiles" / f"{profile}.yaml"), *model, "--params", str(path)]) == 0
+    want = yaml.safe_load(path.read_text()) | {"seed": 7}
+    with modify_yaml(str(path)) as d:
+        d["seed"] = 7
+    assert parse_yaml(path.read_text(), str(path)) == want

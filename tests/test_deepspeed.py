@@ -247,7 +247,7 @@ def test_settings_this_machine_cannot_honour_stop_the_run_by_name():
 RL = {"defaults": {"algorithm": "grpo", "iterations": 2, "episode_budget": None, "tasks_per_iter": 2, "group_size": 4,
                    "max_turns": 6, "minibatch_size": 7, "micro_batch_size": None, "kl_coef": 0.05,
                    "entropy_coef": 0.01, "reward": {"truncation": {"weight": 0.5}, "invalid": {"weight": 0.1}},
-                   "checkpoint_every": 1},
+                   "checkpoint_every": 1, "select": {"panel": None}},  # ranks train the last weights
       "stages": {"s1": {"init": "sft"}}}
 RL_REL_TOL = 1e-5  # per-iteration loss / KL / entropy / grad norm, relative (measured <= 8e-7)
 # ...to at least 0.01: the KL (~2e-4 here) is a mean of differences of log-probs of order 1, whose fp32

@@ -254,6 +254,14 @@ def test_pipeline_writes_metrics_for_every_policy(repo):
     assert metrics["distilled"]["n_params"] < metrics["rl"]["n_params"]
     for f in ("eval.md", "eval.html", "success.png", "passk.png", "curves.png", "passk.csv", "success.csv", "rl/h3/curve.csv", "rl/h6/curve.csv", "promotion.json", "data_docs/index.html"):
         assert (dst / "reports" / f).is_file(), f
+    # each RL stage looked at val (2 tasks) at its start and end, and says which weights it saved: those of a look
+    # whose success on each family was no lower than the start's (trainers.select)
+    for stage in ("h3", "h6"):
+        rl = json.loads((dst / f"reports/rl/{stage}/metrics.json").read_text())
+        looks = {look.pop("iteration"): look for look in rl["select_looks"]}
+        assert rl["select_panel"] == "val" and sorted(looks) == [0, 2] and rl["selected_iteration"] in looks
+        kept = looks[rl["selected_iteration"]]
+        assert all(kept[f] >= s for f, s in looks[0].items()) and kept["all"] == rl["select_success_selected"]
     manifests = [json.loads((dst / f"data/tasks/{s}/manifest.json").read_text()) for s in ("sft", "rl", "test", "ood", "val")]
     ids = [t["task_id"] for m in manifests for t in m["tasks"]]
     assert len(ids) == len(set(ids)) == 22

@@ -53,7 +53,7 @@ def params_file(tmp_path, mutate=lambda raw: None):
     raw["synthesize"]["task_types"]["guess_easy"] = {"family": "guess-number", "level": "easy", "knobs": {"high": 32}}
     raw["synthesize"]["workers"] = 1
     raw["synthesize"]["splits"] = {s: {"n_tasks": 4, "seed": 40 + i, "mix": {"guess_easy": 1.0}}
-                                   for i, s in enumerate(("sft", "rl", "test"))}
+                                   for i, s in enumerate(("sft", "rl", "test", "val"))}
     raw["rl"]["defaults"]["reward"]["quick_win"] = {"weight": 0.5, "within": 3}
     raw["promote"]["guards"] = {"invalid_rate": 0.05}
     raw["evaluate"]["panels"] = ["test"]

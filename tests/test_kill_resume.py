@@ -29,7 +29,8 @@ TINY = {
     "torch_threads": 1,
     "sft": {"epochs": 8, "batch_size": 2, "warmup_steps": 2, "model": MODEL},
     "rl": {"defaults": {"iterations": 5, "episode_budget": None, "tasks_per_iter": 2, "group_size": 2,
-                        "max_turns": 6, "minibatch_size": 4, "micro_batch_size": 4, "checkpoint_every": 1},
+                        "max_turns": 6, "minibatch_size": 4, "micro_batch_size": 4, "checkpoint_every": 1,
+                        "select": {"panel": "val", "every": 2}},  # its looks and kept weights survive the kill too
            "stages": {"s1": {"init": "sft"}}},
     "distill": {"mode": "trajectory", "epochs": 8, "samples_per_task": 2, "temperature": 1.0, "max_turns": 6,
                 "batch_size": 2, "warmup_steps": 2,
@@ -96,7 +97,8 @@ def root(tmp_path_factory):
     the distillation teacher)."""
     root = tmp_path_factory.mktemp("resume")
     tiny_dataset(root / "tasks", {"sft": {"frozenlake_easy": 1.0}, "rl": {"frozenlake_easy": 1.0},
-                                  "test": {"frozenlake_easy": 1.0}}, n={"sft": 8, "rl": 4, "test": 2})
+                                  "test": {"frozenlake_easy": 1.0}, "val": {"frozenlake_easy": 1.0}},
+                 n={"sft": 8, "rl": 4, "test": 2, "val": 2})
     params = params_with(TINY)
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
     run_stage("sft", root, root / "ref" / "sft_run", None)

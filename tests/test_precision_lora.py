@@ -49,7 +49,7 @@ def test_bf16_gradient_checkpointing_and_lora_train_a_qwen2_model_through_sft_an
         "rl": {"defaults": {"algorithm": "grpo", "iterations": 2, "tasks_per_iter": 2, "group_size": 4, "max_turns": 3,
                             "episode_budget": None, "kl_coef": 0.05,
                             "reward": {"truncation": {"weight": 0.5}},  # holes vs running out of turns: groups vary "lr": 0.005, "minibatch_size": 4,
-                            "micro_batch_size": 2, "lora": LORA},
+                            "micro_batch_size": 2, "lora": LORA, "select": {"panel": None}},
                "stages": {"main": {"init": "sft"}}},
     })
     curve = []

@@ -503,6 +503,19 @@ class GuidanceParams(_Strict):
                            "(0: off); success metrics and task sampling count the policy's own episodes only")
 
 
+class SelectParams(_Strict):
+    """Checkpoint selection (agentkiln.trainers.select, docs/rl.md "Checkpoint selection"): the stage plays
+    a frozen panel greedily at its start, every `every` iterations and at its end, and saves the best
+    weights it saw there, not its last. A checkpoint that lost more than `guard` of its start's success
+    on any family of the panel is never kept: RL that buys one family with another is not shipped."""
+
+    panel: str | None = Field(None, description="the frozen panel played (a split of synthesize.splits other than "
+                              "test, which reports: val); null: off, the stage saves its last weights")
+    every: int = Field(2, ge=1, le=BIG, description="iterations between two plays of the panel")
+    guard: float = Field(0.0, ge=0, le=1, description="a checkpoint whose success on a family of the panel is below "
+                         "the stage's start's by more than this is not kept (0: no family may lose a task)")
+
+
 class AsyncParams(_Strict):
     """Asynchronous RL (agentkiln.trainers.inflight, docs/rl.md "Asynchronous RL"): the next iteration's
     rollouts play on a snapshot of the weights while this iteration trains, so an episode's policy
@@ -631,6 +644,7 @@ class RLParams(_Strict):
                                   "token's loss by min(pi_trainer / pi_rollout, tis_cap); null: off")
     asynchronous: AsyncParams = AsyncParams()
     offline: OfflineParams = OfflineParams()
+    select: SelectParams = SelectParams()
     log_episodes: int = Field(4, ge=0, le=4096, description="episodes per iteration logged to MLflow as "
                               "episodes/iteration_NNNN.json (turns, rewards, advantages, log-probs, policy version); 0: none")
 
@@ -1057,6 +1071,15 @@ def contradictions(p: Params) -> list[str]:
         if panel in p.findings.panels:
             out.append(f"findings.panels includes {panel!r}: synthesize.splits has no {panel} split; drop it or add "
                        f"a {panel} split")
+    for stage in p.rl.stages:  # a stage chooses its weights on a panel that is not the one that reports them
+        panel = p.rl.stage(stage).select.panel
+        if panel == "test":
+            out.append(f"rl.stages.{stage}.select.panel = 'test': the headline panel would then report the weights "
+                       "chosen on it; select on val (a second draw of test's mix) or set select.panel: null")
+        elif panel is not None and panel not in p.synthesize.splits:
+            out.append(f"rl.stages.{stage}.select.panel = {panel!r}: synthesize.splits has no such split "
+                       f"({', '.join(p.synthesize.splits)}); add a {panel} split (a second draw of test's mix) or set "
+                       "select.panel: null (the stage then saves its last weights)")
     inits = ["base", "sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
     if p.ablation.init not in inits:
         out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "

@@ -1,5 +1,7 @@
 """One RL stage: start from its `init` model (which is also its KL reference), train on the RL pool,
-save the model, the per-iteration curve and the pool's greedy success before and after.
+save the model, the per-iteration curve and the pool's greedy success before and after. With
+`select.panel` (trainers.select) the model saved is the best the stage played on that panel, family
+by family no worse than its start, not its last weights; the metrics say which iteration it is.
 
 A killed stage resumes from its last checkpoint (models/checkpoints/rl/<stage>) when run again with
 the same params, starting model and pool; the checkpoint is removed once every output is written (the
@@ -23,10 +25,12 @@ from pathlib import Path
 from agentkiln import fanout, paths
 from agentkiln.config import Params
 from agentkiln.evaluate import trajectories
+from agentkiln.evaluate.agents import policy_agent
 from agentkiln.policy import load_policy, lora, save_policy
 from agentkiln.rollout.backends import open_rollout
 from agentkiln.stages.common import load_split
 from agentkiln.trainers import checkpoint, distributed, episode_log
+from agentkiln.trainers.select import Selector
 from agentkiln.trainers.rl import POOL_PROBE, check_ranks, greedy_success, rl_rank, train_rl
 
 
@@ -93,6 +97,10 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
     key = checkpoint.fingerprint(stage, p.model_dump(), compute_key, params.seed,
                                  [t.task_id for t in pool], files=[init_dir])
     before = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (before)")
+    select = None
+    if p.select.panel is not None:  # played as the evaluate stage plays it: greedy, its decoding settings
+        select = Selector(p.select, load_split(tasks_dir, p.select.panel), tasks_dir, params.evaluate.max_turns,
+                          lambda pol: policy_agent(pol, params.evaluate, greedy=True))
     episodes_file = Path(reports_dir) / EPISODES
     episodes_file.unlink(missing_ok=True)  # a resumed run writes its checkpoint's episodes again
     if p.lora.enabled:
@@ -107,7 +115,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
         with open_rollout(policy, params.compute, seed=params.seed, lora=p.lora.enabled) as rollout:
             history = train_rl(policy, ref, pool, tasks_dir, p, seed=params.seed, log=log, ckpt_dir=ckpt_dir,
                                ckpt_key=key, rollout=rollout,
-                               log_episodes=episode_logger(episodes_file, log_episodes))
+                               log_episodes=episode_logger(episodes_file, log_episodes), select=select)
         after = greedy_success(policy, pool, tasks_dir, p, f"rl {stage}: pool (after)")
         merged = None
         if lora.has_lora(policy):
@@ -127,6 +135,7 @@ def run_rl(params: Params, stage: str, tasks_dir: Path, init_dir: Path, out_dir:
         "iterations": len(history),
         "episodes": history[-1]["episodes"] if history else 0,
         **({f"lora_{k}": v for k, v in merged.items()} if merged else {}),
+        **(select.report() if select is not None else {}),
     }, ckpt_dir, outputs)
 
 

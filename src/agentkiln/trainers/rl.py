@@ -66,6 +66,7 @@ from agentkiln.trainers import checkpoint, distributed, episode_log
 from agentkiln.trainers.batch import Batch, build_batch, token_logprobs
 from agentkiln.trainers.offline import OfflineFeed
 from agentkiln.trainers.credit import advantages, shaped_turn_rewards
+from agentkiln.trainers.select import Selector
 from agentkiln.trainers.sampler import TaskSampler
 from agentkiln.trainers.critic import Critic, value_loss
 from agentkiln.trainers.engine import Engine, EngineFactory, local_factory
@@ -417,6 +418,7 @@ def train_rl(
     log_episodes: Callable[[int, list[dict]], None] | None = None,
     make_engine: EngineFactory | None = None,
     spread: bool = False,
+    select: Selector | None = None,
 ) -> list[dict]:
     """Train `policy` in place on `pool`; `ref` (the stage's starting policy; None with LoRA: the
     policy with its adapters off) stays frozen. `rollout`: the backend (rollout.backends; default the
@@ -436,12 +438,16 @@ def train_rl(
     launched ahead (trainers.inflight.RankFlights) instead; on one process the same chunks and seeds,
     played by it alone."""
     with partial.top_layers(policy, p.top_layers):  # the layers this stage trains (the next starts as given)
-        return _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes,
+        return _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes, select,
                          make_engine, spread)
 
 
-def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes, make_engine,
-              spread) -> list[dict]:
+def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes, select,
+              make_engine, spread) -> list[dict]:
+    if p.select.panel is not None and select is None:
+        raise ValueError(f"rl: select.panel = {p.select.panel!r}, but this caller plays no panel during training (the "
+                         "pipeline's RL stage does; ablation and findings arms measure the method's last weights): "
+                         "set select.panel: null in its base")
     if ref is not None:
         ref.model.eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
@@ -476,6 +482,8 @@ def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, ro
         for it, sample in logged:  # and the episodes logged so far (DVC removed the stage's file)
             if log_episodes:
                 log_episodes(it, sample)
+        if select is not None and state.get("select"):
+            select.load_state_dict(state["select"])
     total = p.iterations
     if p.episode_budget is not None and not p.dynamic_sampling:  # the budget, not iterations, ends the run
         total = min(total, -(-p.episode_budget // (min(p.tasks_per_iter, len(pool)) * p.group_size)))
@@ -494,6 +502,8 @@ def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, ro
         if state is not None and state.get("in_flight"):
             flight.restore(state["in_flight"])
         offline = OfflineFeed(p.offline, policy) if p.offline.split else None
+    if select is not None and not select.scores:
+        select.observe(0, policy)  # the start: what every later look must not fall below, family by family
     try:
         for it in tqdm(range(start, p.iterations), desc="rl iterations", initial=start, total=total,
                        disable=engine.world > 1):
@@ -531,6 +541,8 @@ def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, ro
                 if row["mismatch/alarm"] and engine.main:
                     print(f"rl: iteration {it + 1}: KL(behaviour || trainer) {row['mismatch/k3_kl']:.4f} is above "
                           f"asynchronous.kl_alarm {p.asynchronous.kl_alarm}: the stale rollouts drift from the trainer")
+            if select is not None and (select.due(it + 1) or it + 1 == total):
+                row |= select.observe(it + 1, policy)
             history.append(row)
             engine.log({f"rl/{k}": v for k, v in row.items() if k != "iteration"}, it + 1)
             if ckpt_dir and p.checkpoint_every and (it + 1) % p.checkpoint_every == 0:
@@ -541,11 +553,18 @@ def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, ro
                         "history": history, "critic": critic.state_dict() if critic else None,
                         "critic_opt": critic_opt.state_dict() if critic_opt else None,
                         "sampler": sampler.state_dict(), "rewards": rewards.state_dict(),
-                        "in_flight": flight.state(), "episodes_logged": logged}, rng, gen)
+                        "in_flight": flight.state(), "episodes_logged": logged,
+                        "select": select.state_dict() if select is not None else None}, rng, gen)
+        if select is not None and history and history[-1]["iteration"] not in select.scores:  # ended before `total`
+            history[-1] |= select.observe(history[-1]["iteration"], policy)
+            engine.log({f"rl/{k}": v for k, v in history[-1].items() if k.startswith("select/")},
+                       history[-1]["iteration"])
     finally:
         if flight is not None:
             flight.close()
     engine.eval()
+    if select is not None:
+        select.restore(policy)  # the kept weights, not the last
     return history
 
 
@@ -612,6 +631,9 @@ def check_ranks(p: RLParams, compute) -> None:
         free = ", ".join(n for n in registry.estimator_names() if not registry.estimator(n).needs_critic)
         raise ValueError(f"rl: algorithm = {p.algorithm} with compute.backend = deepspeed: the critic is not trained "
                          f"on ranks; use a critic-free algorithm ({free}) or backend single")
+    if p.select.panel is not None:
+        raise ValueError(f"rl: select.panel = {p.select.panel!r} with compute.backend = deepspeed: the panel is played "
+                         "on one process's weights, not on ranks (yet); set select.panel: null")
     if compute.deepspeed.zero_stage == 3:
         raise ValueError("rl: compute.deepspeed.zero_stage = 3 with compute.backend = deepspeed: the ranks play the "
                          "rollouts on their own whole copies of the weights, which ZeRO-3 shards; use zero_stage 2")
