@@ -119,7 +119,8 @@ def test_sft_rl_evaluate_on_a_local_chat_model(world, arch, tmp_path):
         "sft": {"model": {"source": str(models[arch]), "max_context": 1024}, "epochs": 2, "batch_size": 4},
         "rl": {"defaults": {"algorithm": "grpo", "iterations": 2, "tasks_per_iter": 2, "group_size": 2, "max_turns": 3,
                             "episode_budget": None, "dynamic_sampling": False, "decoding": {"default": "free"},
-                            "max_reply_tokens": 8, "minibatch_size": 4, "micro_batch_size": 2},
+                            "max_reply_tokens": 8, "minibatch_size": 4, "micro_batch_size": 2,
+                            "select": {"panel": None}},  # these splits have no val: the last weights
                "stages": {"main": {"init": "sft"}}},
         "evaluate": {"policies": ["random", "sft", "rl"], "compare": [["rl", "sft"]], "max_turns": 3,
                      "decoding": {"default": "free"}, "max_reply_tokens": 8,

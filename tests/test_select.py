@@ -160,7 +160,7 @@ def test_selection_without_a_panel_to_play_is_refused_by_name(lake_pool, lake_te
     tasks, tasks_dir = lake_pool
     p = RLParams(iterations=1, tasks_per_iter=2, group_size=2, max_turns=4, select={"panel": "val"})
     pol = build_scratch_policy(TINY, lake_texts, AgentFormat(), seed=0)
-    with pytest.raises(ValueError, match=r"select.panel = 'val'.*set select.panel: null"):
+    with pytest.raises(ValueError, match=r"select.panel = 'val', but no panel to play was given.*set select.panel: null"):
         trainer.train_rl(pol, None, tasks, tasks_dir, p, seed=0)
 
 
@@ -189,3 +189,13 @@ def test_params_refuse_selecting_on_the_panel_that_reports_or_on_a_missing_one()
     for panel, said in [("test", "the headline panel"), ("holdout", "no such split")]:
         with pytest.raises(ValidationError, match=rf"rl.stages.main.select.panel = '{panel}'.*{said}"):
             params_with({"rl": {"stages": {"main": {"init": "sft", "select": {"panel": panel}}}}})
+
+
+def test_ablation_and_findings_arms_train_to_their_last_weights_whatever_select_says(lake_pool, lake_texts):
+    from agentkiln.stages.ablation import train_stages
+
+    tasks, tasks_dir = lake_pool
+    p = RLParams(iterations=1, tasks_per_iter=2, group_size=2, max_turns=4, select={"panel": "val"})
+    pol = build_scratch_policy(TINY, lake_texts, AgentFormat(), seed=0)
+    curve = train_stages(pol, [p], 0, tasks, tasks_dir)  # no panel is played, none is asked for
+    assert [row["iteration"] for row in curve] == [1]

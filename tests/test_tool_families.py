@@ -45,6 +45,7 @@ def test_sft_then_rl_with_real_tool_calls_moves_pool_success(family, tmp_path):
                 "epochs": epochs, "batch_size": 4, "lr": 0.005 if epochs > 30 else 0.003,
                 "data": {"clean": 1.0, "recovery": 0.0}},  # the 200 walkthroughs alone (budgets tuned on them)
         "rl": {"defaults": {"algorithm": "grpo", "episode_budget": None, "tasks_per_iter": 8, "group_size": 8,
+                            "select": {"panel": None},  # these splits have no val: the last weights
                             # calibrated on uniform draws: search-qa starts at 0 and climbs from its
                             # first sampled wins (balanced shares of one type draw another sequence)
                             "temperature": 1.0, "sampling": "uniform",
