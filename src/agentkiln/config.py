@@ -507,7 +507,9 @@ class SelectParams(_Strict):
     """Checkpoint selection (agentkiln.trainers.select, docs/rl.md "Checkpoint selection"): the stage plays
     a frozen panel greedily at its start, every `every` iterations and at its end, and saves the best
     weights it saw there, not its last. A checkpoint that lost more than `guard` of its start's success
-    on any family of the panel is never kept: RL that buys one family with another is not shipped."""
+    on any family of the panel is never kept: RL that buys one family with another is not shipped. The
+    pipeline's RL stage (stages.rl) reads these and hands train_rl a Selector; train_rl called without one
+    (ablation and findings arms, the benches, your own loop) trains to its last weights."""
 
     panel: str | None = Field(None, description="the frozen panel played (a split of synthesize.splits other than "
                               "test, which reports: val); null: off, the stage saves its last weights")

@@ -444,9 +444,6 @@ def train_rl(
 
 def _train_rl(policy, ref, pool, tasks_dir, p, seed, log, ckpt_dir, ckpt_key, rollout, log_episodes, select,
               make_engine, spread) -> list[dict]:
-    if p.select.panel is not None and select is None:
-        raise ValueError(f"rl: select.panel = {p.select.panel!r}, but no panel to play was given (select=: a "
-                         "trainers.select.Selector, as stages.rl builds one); set select.panel: null to keep the last weights")
     if ref is not None:
         ref.model.eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.trainable(), lr=p.lr, weight_decay=0.0)
