@@ -46,13 +46,10 @@ def train_arm(params: Params, arm: str, seed: int, pool, tasks_dir: Path, init_d
 
 def train_stages(policy, stages: list[RLParams], seed: int, pool, tasks_dir: Path, log=None) -> list[dict]:
     """RL stages in order on `policy` (in place), each KL-anchored to the policy it started from and
-    seeded `seed * 1000 + k`, keeping their last weights (no checkpoint selection); learning curve rows
-    with cumulative episodes."""
+    seeded `seed * 1000 + k`, keeping their last weights (train_rl is given no Selector: choosing among
+    checkpoints is the pipeline stage's); learning curve rows with cumulative episodes."""
     curve, offset = [], 0
     for k, p in enumerate(stages):
-        # an arm measures the method's last weights: choosing among checkpoints is the pipeline stage's
-        # (rl.*.select), and would spend the arm's time on a panel no claim reads
-        p = p.model_copy(update={"select": p.select.model_copy(update={"panel": None})})
         ref = copy.deepcopy(policy)
         hist = train_rl(policy, ref, pool, tasks_dir, p, seed=seed * 1000 + k, log=log)
         for h in hist:
