@@ -311,3 +311,92 @@ def test_token_level_modes_are_deterministic_given_the_seed(world, params, monke
     for x, y in zip(load_policy(tmp_path / "a" / "student").model.parameters(),
                     load_policy(tmp_path / "b" / "student").model.parameters()):
         assert torch.equal(x, y)
+
+
+# --------------------------------------------------------------------------- restarts
+def straight(world, params, seed: int, p: DistillParams):
+    """The student of `seed` trained the whole schedule in one go on the stage's teacher wins."""
+    tasks, tasks_dir, teacher_dir, _ = world
+    teacher = load_policy(teacher_dir)
+    won = [e for e in stage.teacher_episodes(teacher, tasks[:2] + tasks[2:], tasks_dir, p, params.seed) if e.won]
+    student = stage.build_student(p, teacher, seed, params.compute)
+    train_supervised(student, won, stage.replace(stage.optim_config(p), epochs=p.epochs), seed=seed)
+    return student
+
+
+def test_restarts_keep_the_student_best_on_the_panel_and_train_it_on_as_if_never_stopped(world, params, monkeypatch,
+                                                                                          tmp_path):
+    """Three students train one epoch each and play the panel; the panel's success is scripted here
+    (0.2, 0.5, 0.5) so the rule shows: the best, ties to the lower seed, is seed + 1. It then trains its
+    second epoch from its checkpoint: its weights are those of seed + 1's student trained both epochs at
+    once. Each student played the real panel (the episodes went through the real engine)."""
+    played, scripted = [], iter([0.2, 0.5, 0.5])
+    real_success = stage.family_success
+
+    def scores(won):
+        played.append(len(won))
+        return real_success(won) | {"all": next(scripted)}
+
+    monkeypatch.setattr(stage, "family_success", scores)
+    kw = dict(restarts=3, restart_epochs=1, epochs=2)
+    report = run(world, params, monkeypatch, tmp_path, **kw)
+    assert played == [2, 2, 2]  # every student played the panel's two tasks
+    assert [look["seed"] for look in report["restart_looks"]] == [params.seed, params.seed + 1, params.seed + 2]
+    assert [look["all"] for look in report["restart_looks"]] == [0.2, 0.5, 0.5]
+    assert report["restart_seed"] == params.seed + 1
+    want = straight(world, params, params.seed + 1, distill_params(**kw))
+    got = load_policy(tmp_path / "student")
+    for x, y in zip(got.model.parameters(), want.model.parameters()):
+        assert torch.equal(x, y)
+    other = straight(world, params, params.seed, distill_params(**kw))  # and it is not the first seed's
+    assert any(not torch.equal(x, y) for x, y in zip(got.model.parameters(), other.model.parameters()))
+
+
+def test_one_restart_is_the_single_student_and_a_resumed_choice_plays_no_student_again(world, params, monkeypatch,
+                                                                                       tmp_path):
+    tasks, tasks_dir, teacher_dir, _ = world
+    one = run(world, params, monkeypatch, tmp_path / "one", restarts=1, epochs=2)
+    assert "restart_looks" not in one
+    p = params.model_copy(update={"distill": distill_params(restarts=2, restart_epochs=1, epochs=2)})
+    teacher = load_policy(teacher_dir)
+    won = [e for e in stage.teacher_episodes(teacher, tasks, tasks_dir, p.distill, p.seed) if e.won]
+    cfg = stage.replace(stage.optim_config(p.distill), epochs=2)
+    monkeypatch.setattr(stage, "load_split", lambda d, split: tasks[2:])
+    slot = {"ckpt_dir": tmp_path / "ckpt" / "distill", "ckpt_key": "k:distill"}
+
+    def choose():
+        first = stage.build_student(p.distill, teacher, p.seed, p.compute)
+        return stage.train_restarts(p, teacher, first, won, won, tasks_dir, cfg, "distill", slot)
+
+    student, seed, looks, history = choose()
+    from agentkiln.trainers import checkpoint
+
+    done = [checkpoint.load(slot["ckpt_dir"] / f"r{r}", f"k:distill:r{r}")["done"] for r in range(2)]
+    assert done[seed - p.seed] == 2 and done[1 - (seed - p.seed)] == 1  # the dropped student stopped at its look
+    calls = []
+    monkeypatch.setattr(stage, "run_episodes", lambda *a, **k: calls.append(a) or [])
+    again, seed2, looks2, history2 = choose()  # as a stage resumed after its students played
+    assert calls == [] and (seed2, looks2, history2) == (seed, looks, history)
+    for x, y in zip(again.model.parameters(), student.model.parameters()):
+        assert torch.equal(x, y)
+    if seed == p.seed:  # seed's student chosen: the same weights as no restarts
+        for x, y in zip(student.model.parameters(), load_policy(tmp_path / "one" / "student").model.parameters()):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("distill, said", [
+    ({"restart_panel": "test"}, "the headline panel"),
+    ({"restart_panel": "holdout"}, "no such split"),
+    ({"restart_epochs": 12}, "is not below distill.epochs = 12"),
+    ({"mode": "forward-kl"}, "trajectory phase only"),
+    ({"mode": "on-policy", "warmup_epochs": 4}, "is not below distill.warmup_epochs = 4"),
+])
+def test_restarts_are_refused_where_they_cannot_choose_honestly(distill, said):
+    from pydantic import ValidationError
+
+    from tests.conftest import params_with
+
+    assert params_with({}).distill.restarts == 1 and params_with({}).distill.restart_panel == "val"  # the default
+    params_with({"distill": distill | {"restarts": 1}})  # one student: nothing is chosen, nothing refused
+    with pytest.raises(ValidationError, match=rf"distill\.\w+ = .*{said}"):
+        params_with({"distill": distill | {"restarts": 2}})

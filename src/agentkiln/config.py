@@ -732,6 +732,12 @@ class DistillParams(_Strict):
     warmup_steps: int = Field(20, ge=0, le=BIG, description="linear lr warm-up, then cosine (trajectory, forward-kl, "
                               "warm start)")
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
+    # several students, the best on a panel trained on (trajectory mode, on-policy's warm start)
+    restarts: int = Field(1, ge=1, le=16, description="students started from seeds seed, seed+1, ...: each trains "
+                          "`restart_epochs` epochs, the one with the best greedy success on `restart_panel` (ties: "
+                          "the lower seed) trains on to `epochs`, the others are dropped (1: one student)")
+    restart_epochs: int = Field(4, ge=1, le=10_000, description="epochs each student trains before the choice")
+    restart_panel: str = Field("val", description="the frozen panel the students play to be chosen (not test)")
     # token-level modes
     kd_temperature: float = Field(1.0, gt=0, le=100, description="softmax temperature of both distributions in the KL "
                                   "(forward-kl, on-policy); the loss is scaled by its square")
@@ -1082,6 +1088,22 @@ def contradictions(p: Params) -> list[str]:
             out.append(f"rl.stages.{stage}.select.panel = {panel!r}: synthesize.splits has no such split "
                        f"({', '.join(p.synthesize.splits)}); add a {panel} split (a second draw of test's mix) or set "
                        "select.panel: null (the stage then saves its last weights)")
+    d = p.distill
+    if d.restarts > 1:  # the students are chosen on a panel that is not the one that reports them
+        sft_epochs = {"trajectory": d.epochs, "on-policy": d.warmup_epochs}.get(d.mode, 0)
+        if d.restart_panel == "test":
+            out.append("distill.restart_panel = 'test': the headline panel would then report the student chosen on "
+                       "it; choose on val (a second draw of test's mix) or set distill.restarts: 1")
+        elif d.restart_panel not in p.synthesize.splits:
+            out.append(f"distill.restart_panel = {d.restart_panel!r}: synthesize.splits has no such split "
+                       f"({', '.join(p.synthesize.splits)}); add it or set distill.restarts: 1")
+        if d.mode == "forward-kl":
+            out.append("distill.restarts > 1 with distill.mode = 'forward-kl': students are restarted in the "
+                       "trajectory phase only (trajectory mode, on-policy's warm start); set distill.restarts: 1")
+        elif d.restart_epochs >= sft_epochs:
+            what = "epochs" if d.mode == "trajectory" else "warmup_epochs"
+            out.append(f"distill.restart_epochs = {d.restart_epochs} is not below distill.{what} = {sft_epochs}: "
+                       f"the choice must come before the end of training; lower restart_epochs or raise {what}")
     inits = ["base", "sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
     if p.ablation.init not in inits:
         out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "

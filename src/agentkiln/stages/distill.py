@@ -15,12 +15,16 @@ removed once every output is written (the model, then `outputs`: reports and MLf
 
 from __future__ import annotations
 
+import contextlib
+import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from agentkiln import fanout
 from agentkiln.config import ComputeParams, DistillParams, Params
+from agentkiln.evaluate.agents import policy_agent
 from agentkiln.policy import AgentFormat, Policy, build_scratch_policy, load_policy, save_policy
 from agentkiln.policy.model import build_scratch_model, place
 from agentkiln.rollout.agents import PolicyAgent
@@ -31,6 +35,7 @@ from agentkiln.stages.common import load_split
 from agentkiln.stages.sft import optim_config, render_all
 from agentkiln.trainers import checkpoint
 from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy
+from agentkiln.trainers.select import family_success
 from agentkiln.trainers.supervised import train_supervised
 
 
@@ -64,6 +69,50 @@ def teacher_episodes(teacher: Policy, pool, tasks_dir: Path, p: DistillParams, s
     agent = PolicyAgent(teacher, temperature=p.temperature, seed=seed, decoding=p.decoding,
                         max_reply_tokens=p.max_reply_tokens)
     return run_episodes(agent, pool, tasks_dir, p.max_turns, group_size=p.samples_per_task, progress="teacher rollouts")
+
+
+def train_restarts(params: Params, teacher: Policy, first: Policy, won: list[Episode], demos: list[Episode],
+                   tasks_dir: Path, cfg, desc: str, ckpt: dict, log=None) -> tuple[Policy, int, list[dict], list[dict]]:
+    """`restarts` students (seeds seed, seed+1, ...; `first` is seed's) each train `restart_epochs` epochs of
+    the full schedule and play `restart_panel` greedily, as the evaluate stage plays it; the best (ties: the
+    lower seed) trains on from its checkpoint to the end of the schedule, as a run never stopped would.
+    Returns (student, its seed, every student's look, its history). Why: a small student trained on the
+    same wins lands on a lake-playing solution or not by its seed alone (docs/journal.md, 2026-12-07).
+    With `ckpt` (the stage's slot) the looks are kept beside the students' checkpoints: a resumed stage
+    plays no student again and makes the same choice."""
+    p = params.distill
+    panel = load_split(tasks_dir, p.restart_panel)
+    with contextlib.ExitStack() as stack:
+        root = Path(ckpt["ckpt_dir"]) if ckpt else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="agentkiln-restarts-")))
+        key = ckpt.get("ckpt_key", desc)
+        seen = root / "restart_looks.json"
+        looks: list[dict] = json.loads(seen.read_text()) if seen.exists() else []
+        best = None
+        for r in range(p.restarts):
+            seed = params.seed + r
+            student = first if r == 0 else build_student(p, teacher, seed, params.compute)
+            mine = demos if r == 0 or speaks_like(student, teacher) else render_all(student, won, p.max_reply_tokens)
+            slot = {"ckpt_dir": root / f"r{r}", "ckpt_key": f"{key}:r{r}"}
+            if r == len(looks):  # not played yet
+                train_supervised(student, mine, cfg, seed=seed, desc=f"{desc} seed {seed}",
+                                 stop_after=p.restart_epochs, **slot)
+                student.model.eval()
+                eps = run_episodes(policy_agent(student, params.evaluate, greedy=True), panel, tasks_dir,
+                                   params.evaluate.max_turns, progress=f"{desc}: seed {seed} on {p.restart_panel}")
+                looks.append({"seed": seed, **family_success([(e.family, bool(e.won)) for e in eps])})
+                seen.parent.mkdir(parents=True, exist_ok=True)
+                seen.write_text(json.dumps(looks))
+                print(f"{desc}: seed {seed} plays {looks[r]['all']:.3f} on {p.restart_panel} after "
+                      f"{p.restart_epochs} epochs", flush=True)
+            if log:
+                log({f"restart/{k}": v for k, v in looks[r].items() if k != "seed"}, r)
+            if best is None or looks[r]["all"] > looks[best[1] - params.seed]["all"]:
+                best = (student, seed, mine, slot)
+            student = None  # a dropped student's weights go with it
+        student, seed, mine, slot = best
+        history = train_supervised(student, mine, cfg, seed=seed, log=log, desc=desc, **slot)
+    return student, seed, looks, history
 
 
 @fanout.in_session
@@ -103,7 +152,12 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
         demos = won if same else render_all(student, won, p.max_reply_tokens)  # rejection sampling
         cfg = replace(optim_config(p), epochs=sft_epochs)
         desc = "distill" if p.mode == "trajectory" else "distill-warmup"
-        history = train_supervised(student, demos, cfg, seed=params.seed, log=log, desc=desc, **slot(desc))
+        if p.restarts > 1:
+            student, seed, looks, history = train_restarts(params, teacher, student, won, demos, tasks_dir, cfg, desc,
+                                                           slot(desc), log)
+            report |= {"restart_seed": seed, "restart_looks": looks}
+        else:
+            history = train_supervised(student, demos, cfg, seed=params.seed, log=log, desc=desc, **slot(desc))
         prefix = "" if p.mode == "trajectory" else "warmup_"
         report |= {f"{prefix}n_episodes": len(demos), f"{prefix}final_loss": history[-1]["loss"],
                    "teacher_ids": same}

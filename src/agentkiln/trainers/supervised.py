@@ -82,9 +82,12 @@ def train_supervised(
     ckpt_dir: Path | None = None,
     ckpt_key: str = "",
     make_engine: EngineFactory | None = None,
+    stop_after: int | None = None,
 ) -> list[dict]:
     """Train in place on `episodes` (with ids: rollout.sequence.render); per-epoch metrics. With
     `ckpt_dir`, resumes from a checkpoint of the same run (`ckpt_key`) and writes one per epoch.
+    `stop_after`: return after that many epochs of the `cfg.epochs` schedule (a later call with the same
+    checkpoint goes on from there, as a run never stopped would: the distill stage's restarts).
 
     `make_engine`: the engine (default one process; trainers.distributed.RankFactory on a rank, where
     every rank calls this). Every minibatch: each rank's loss (the summed NLL of its rows' reply tokens)
@@ -113,7 +116,7 @@ def train_supervised(
             print(f"{desc}: resumed from {ckpt_dir} after epoch {start}")
         for row in history:  # the new tracking run gets the history again
             engine.log({f"{desc}/{k}": v for k, v in row.items() if k != "epoch"}, row["epoch"])
-    for epoch in range(start, cfg.epochs):
+    for epoch in range(start, min(cfg.epochs, stop_after or cfg.epochs)):
         engine.train()
         nll, tot_tok, correct = 0.0, 0, 0
         bar = tqdm(length_grouped(lengths, cfg.batch_size, gen), desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
