@@ -107,12 +107,12 @@ def train_restarts(params: Params, teacher: Policy, first: Policy, won: list[Epi
                       f"{p.restart_epochs} epochs", flush=True)
             if log:
                 log({f"restart/{k}": v for k, v in looks[r].items() if k != "seed"}, r)
-            if best is None or looks[r]["all"] > looks[best[1] - params.seed]["all"]:
-                best = (student, seed, mine, slot)
+            if best is None or looks[r]["all"] > looks[best[0]]["all"]:  # ties: the lower seed
+                best = (r, student, mine, slot)
             student = None  # a dropped student's weights go with it
-        student, seed, mine, slot = best
-        history = train_supervised(student, mine, cfg, seed=seed, log=log, desc=desc, **slot)
-    return student, seed, looks, history
+        r, student, mine, slot = best
+        history = train_supervised(student, mine, cfg, seed=params.seed + r, log=log, desc=desc, **slot)
+    return student, params.seed + r, looks, history
 
 
 @fanout.in_session
