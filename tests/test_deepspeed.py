@@ -385,7 +385,9 @@ def test_rl_ranks_spread_rollouts_resume_from_rank0s_checkpoint_onto_the_single_
     assert rel < RL_REL_TOL
 
 
-@pytest.mark.parametrize("processes, staleness", [(0, 1), (1, 1), (0, 2)])
+# the rollout process's case runs by default; the in-rank flights are `slow` (test_async_rl covers staleness 2)
+@pytest.mark.parametrize("processes, staleness", [pytest.param(0, 1, marks=pytest.mark.slow), (1, 1),
+                                                  pytest.param(0, 2, marks=pytest.mark.slow)])
 def test_rl_ranks_share_asynchronous_flights_onto_the_single_process_curve(world, tmp_path, processes, staleness):
     """Asynchronous, chunks of one group (2 per flight): each flight launched ahead (iteration 2's while
     iteration 1 trains; at staleness 2, iterations 2 and 3 on the same snapshot) is shared once an update
