@@ -18,6 +18,7 @@ from agentkiln.rollout.sequence import render
 from agentkiln.stages import distill as stage
 from agentkiln.synthesis.generate import generate
 from agentkiln.trainers import distill as kd
+from agentkiln.trainers import select as sel
 from agentkiln.trainers import supervised as sup
 from agentkiln.trainers.batch import build_batch
 from agentkiln.trainers.supervised import OptimConfig, train_supervised
@@ -331,13 +332,13 @@ def test_restarts_keep_the_student_best_on_the_panel_and_train_it_on_as_if_never
     second epoch from its checkpoint: its weights are those of seed + 1's student trained both epochs at
     once. Each student played the real panel (the episodes went through the real engine)."""
     played, scripted = [], iter([0.2, 0.5, 0.5])
-    real_success = stage.family_success
+    real_success = sel.family_success
 
     def scores(won):
         played.append(len(won))
         return real_success(won) | {"all": next(scripted)}
 
-    monkeypatch.setattr(stage, "family_success", scores)
+    monkeypatch.setattr(sel, "family_success", scores)  # what play_panel scores the panel with
     kw = dict(restarts=3, restart_epochs=1, epochs=2)
     report = run(world, params, monkeypatch, tmp_path, **kw)
     assert played == [2, 2, 2]  # every student played the panel's two tasks

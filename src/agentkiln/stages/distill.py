@@ -35,7 +35,7 @@ from agentkiln.stages.common import load_split
 from agentkiln.stages.sft import optim_config, render_all
 from agentkiln.trainers import checkpoint
 from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy
-from agentkiln.trainers.select import family_success
+from agentkiln.trainers.select import play_panel
 from agentkiln.trainers.supervised import train_supervised
 
 
@@ -98,9 +98,9 @@ def train_restarts(params: Params, teacher: Policy, first: Policy, won: list[Epi
                 train_supervised(student, mine, cfg, seed=seed, desc=f"{desc} seed {seed}",
                                  stop_after=p.restart_epochs, **slot)
                 student.model.eval()
-                eps = run_episodes(policy_agent(student, params.evaluate, greedy=True), panel, tasks_dir,
-                                   params.evaluate.max_turns, progress=f"{desc}: seed {seed} on {p.restart_panel}")
-                looks.append({"seed": seed, **family_success([(e.family, bool(e.won)) for e in eps])})
+                looks.append({"seed": seed, **play_panel(policy_agent(student, params.evaluate, greedy=True), panel,
+                                                         tasks_dir, params.evaluate.max_turns,
+                                                         progress=f"{desc}: seed {seed} on {p.restart_panel}")})
                 seen.parent.mkdir(parents=True, exist_ok=True)
                 seen.write_text(json.dumps(looks))
                 print(f"{desc}: seed {seed} plays {looks[r]['all']:.3f} on {p.restart_panel} after "

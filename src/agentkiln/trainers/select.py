@@ -33,6 +33,14 @@ def family_success(won: list[tuple[str, bool]]) -> dict[str, float]:
     return out | {"all": sum(w for _, w in won) / len(won) if won else 0.0}
 
 
+def play_panel(agent, tasks: list[TaskSpec], tasks_dir: Path, max_turns: int | None, progress: str) -> dict[str, float]:
+    """One pass of `agent` over `tasks`, no gradients: success per family and over all ("all"). The
+    selector's looks and the distill stage's restarts play their panels this way."""
+    with torch.no_grad():
+        eps = run_episodes(agent, tasks, tasks_dir, max_turns, progress=progress)
+    return family_success([(e.family, bool(e.won)) for e in eps])
+
+
 def admissible(scores: dict[str, float], start: dict[str, float], guard: float) -> bool:
     """No family below the start's success by more than `guard` (a small tolerance for float sums)."""
     return all(scores.get(f, 0.0) >= s - guard - 1e-9 for f, s in start.items() if f != "all")
@@ -59,11 +67,9 @@ class Selector:
         model = policy.model
         was_training = model.training
         model.eval()
-        with torch.no_grad():
-            eps = run_episodes(self.agent(policy), self.tasks, self.tasks_dir, self.max_turns,
-                               progress=f"select: {self.p.panel} at iteration {iteration}")
+        scores = play_panel(self.agent(policy), self.tasks, self.tasks_dir, self.max_turns,
+                            progress=f"select: {self.p.panel} at iteration {iteration}")
         model.train(was_training)
-        scores = family_success([(e.family, bool(e.won)) for e in eps])
         self.scores[iteration] = scores
         start = self.scores[min(self.scores)]
         kept = admissible(scores, start, self.p.guard) and (
