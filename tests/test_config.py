@@ -304,9 +304,10 @@ def test_a_pretrained_student_cannot_distill_token_level_from_a_scratch_teacher(
     student.mkdir()
     (student / "config.json").write_text("{}")
     source = ("  student:\n    source: scratch", f"  student:\n    source: {student}")
+    own = ("  embed_init: teacher", "  embed_init: random")  # a trained student keeps its own embeddings
     with pytest.raises(ParamsError, match=r"  - distill.mode = 'forward-kl' with distill.student.source = .*student'"):
-        load_params(edits(tmp_path, ("  mode: trajectory", "  mode: forward-kl"), source))
-    assert load_params(edits(tmp_path, source)).distill.student.source == str(student)  # trajectory re-tokenizes
+        load_params(edits(tmp_path, ("  mode: trajectory", "  mode: forward-kl"), source, own))
+    assert load_params(edits(tmp_path, source, own)).distill.student.source == str(student)  # trajectory re-tokenizes
 
 
 # --------------------------------------------------------------------------- unreadable files: one line

@@ -719,6 +719,10 @@ class DistillParams(_Strict):
         "KL(teacher || student) on teacher episodes; on-policy: KL(student || teacher) on student episodes "
         "(both token-level modes need the teacher's tokenizer)")
     student: ModelParams = ModelParams(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
+    embed_init: Literal["random", "teacher"] = Field(
+        "random", description="a scratch student's token embeddings: random, or the teacher's projected on their top "
+        "principal directions (a student no wider than the teacher; one that trains its own tokenizer, under a "
+        "pretrained teacher, has no teacher embeddings to take and starts from its own)")
     samples_per_task: int = Field(4, ge=1, le=1024, description="episodes per task: the teacher's (trajectory, forward-kl, "
                                   "on-policy warm start) and the student's in each on-policy round")
     temperature: float = Field(0.7, gt=0, le=100, description="sampling temperature of those episodes")
@@ -1104,6 +1108,14 @@ def contradictions(p: Params) -> list[str]:
             what = "epochs" if d.mode == "trajectory" else "warmup_epochs"
             out.append(f"distill.restart_epochs = {d.restart_epochs} is not below distill.{what} = {sft_epochs}: "
                        f"the choice must come before the end of training; lower restart_epochs or raise {what}")
+    if d.embed_init == "teacher" and d.student.source != "scratch":
+        out.append(f"distill.embed_init = 'teacher' initialises a scratch student; distill.student.source is "
+                   f"{d.student.source!r}, a trained model: set distill.embed_init: random")
+    elif d.embed_init == "teacher" and p.sft.model.source == "scratch" and \
+            d.student.hidden_size > p.sft.model.hidden_size:  # caught here, not after the teacher's training
+        out.append(f"distill.embed_init = 'teacher' projects the teacher's {p.sft.model.hidden_size}-wide embeddings "
+                   f"down, but distill.student.hidden_size is {d.student.hidden_size}; set distill.embed_init: random "
+                   "or a smaller student")
     inits = ["base", "sft", *(f"rl/{s}" for s in p.rl.stages), "distilled"]
     if p.ablation.init not in inits:
         out.append(f"ablation.init = {p.ablation.init!r}: not a model the pipeline writes; "

@@ -36,6 +36,7 @@ from agentkiln.stages.sft import optim_config, render_all
 from agentkiln.trainers import checkpoint
 from agentkiln.trainers.distill import KDConfig, shared_vocab, train_forward_kl, train_on_policy
 from agentkiln.trainers.select import play_panel
+from agentkiln.trainers.student_init import teacher_embedding_init
 from agentkiln.trainers.supervised import train_supervised
 
 
@@ -49,11 +50,18 @@ def build_student(p: DistillParams, teacher: Policy, seed: int, compute: Compute
     if p.student.source == "scratch":
         if len(teacher.tokenizer) <= p.student.vocab_size or texts is None:
             model = build_scratch_model(p.student, teacher.tokenizer, seed=seed)
-            return place(Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, "scratch student"),
-                         compute)
+            source = "scratch student"
+            if p.embed_init == "teacher":
+                teacher_embedding_init(model, teacher.model)
+                source = "scratch student on the teacher's embeddings"
+            return place(Policy(model, teacher.tokenizer, teacher.fmt, p.student.max_context, source), compute)
+        # its own tokenizer: the teacher's embeddings are of other tokens, so `embed_init` has nothing to take
         student = build_scratch_policy(p.student, texts(), AgentFormat(), seed=seed, compute=compute)
         student.source = "scratch student (own tokenizer)"
         return student
+    if p.embed_init == "teacher":
+        raise ValueError(f"distill.embed_init: 'teacher' initialises a scratch student; distill.student.source is "
+                         f"{p.student.source!r}, a trained model: set distill.embed_init: random")
     return load_policy(p.student.source, teacher.fmt, context=p.student.max_context, compute=compute)
 
 
@@ -139,7 +147,8 @@ def run_distill(params: Params, tasks_dir: Path, teacher_dir: Path, out_dir: Pat
     if p.mode != "trajectory":
         shared_vocab(teacher, student, p.mode)  # fail before any rollout
     pool = load_split(tasks_dir, "sft") + load_split(tasks_dir, "rl")  # training pools only
-    report: dict = {"mode": p.mode, "teacher_params": teacher.n_params(), "student_params": student.n_params()}
+    report: dict = {"mode": p.mode, "teacher_params": teacher.n_params(), "student_params": student.n_params(),
+                    "student": student.source}
 
     sft_epochs = {"trajectory": p.epochs, "forward-kl": 0, "on-policy": p.warmup_epochs}[p.mode]
     if sft_epochs or p.mode == "forward-kl":
