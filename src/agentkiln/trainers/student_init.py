@@ -19,19 +19,17 @@ import torch
 
 def teacher_embedding_init(student: torch.nn.Module, teacher: torch.nn.Module) -> None:
     """Overwrite `student`'s input embeddings (tied to its output head where the model ties them) with
-    the teacher's projected on their top principal directions. Both must share one vocabulary (rows), and
-    the student may be no wider than the teacher."""
+    the teacher's projected on their top principal directions. Both must share one vocabulary (rows). A
+    student at least as wide as the teacher gets all of the teacher's directions in its first columns and
+    zeros in the rest: the geometry between tokens is then exactly the teacher's, scaled."""
     t = teacher.get_input_embeddings().weight.detach().float()
     s = student.get_input_embeddings().weight
     if t.shape[0] != s.shape[0]:
         raise ValueError(f"distill.embed_init: 'teacher' needs the teacher's vocabulary: the teacher has {t.shape[0]} "
                          f"embedding rows, the student {s.shape[0]}; set distill.embed_init: random")
-    if s.shape[1] > t.shape[1]:
-        raise ValueError(f"distill.embed_init: 'teacher' projects the teacher's {t.shape[1]}-wide embeddings down: "
-                         f"a student {s.shape[1]} wide is wider; set distill.embed_init: random or a smaller "
-                         f"distill.student.hidden_size")
     centred = t - t.mean(0)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)  # rows of vh: principal directions, largest first
     proj = centred @ vh[: s.shape[1]].T
+    proj = torch.nn.functional.pad(proj, (0, s.shape[1] - proj.shape[1]))  # a wider student: zeros beyond
     with torch.no_grad():
         s.copy_((proj * (s.detach().float().std() / proj.std())).to(s.dtype))
