@@ -214,7 +214,7 @@ VAL_SPLIT = "    val:  {n_tasks: 160, seed: 5, mix: {cooking: 0.25, frozenlake_e
     ([("  model_name: agentkiln-policy", "  model_name: ..")], "it would resolve to another path"),
     ([("  model_name: agentkiln-policy", "  model_name: " + "a" * 257)], "it has 257 characters (MLflow keeps at most 256)"),
     # evaluate wrote nothing promotion can use: it used to exit 0, then promotion failed
-    ([(POLICIES, "  policies: []"), (COMPARE, "  compare: []"), ("policies: [sft, rl]}", "policies: []}")],
+    ([(POLICIES, "  policies: []"), (COMPARE, "  compare: []")],
      "  - evaluate.policies is empty: list the policies to evaluate"),
     ([(POLICIES, "  policies: [random, oracle, sft, rl]"), (COMPARE, "  compare: [[sft, random], [rl, sft]]")],
      "  - promote.candidates: 'distilled' is not evaluated (evaluate.policies: ['random', 'oracle', 'sft', 'rl'])"),

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -355,3 +356,29 @@ def test_cooking_games_share_one_parse_of_the_knowledge_base_with_the_same_bytes
     assert first.data == second.data  # the sha256 of the .z8 and .json, the recipe
     for f in sorted((own / "games").glob("tw-7002.*")):
         assert (shared / "games" / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_cooking_games_compile_without_inform_index_to_the_same_bytes(tmp_path, monkeypatch):
+    """A synthesis worker runs Inform 7's ni with --noindex (its Index is thrown away with the project
+    folder): the game comes out with the bytes of the same game compiled with the Index written."""
+    import subprocess
+
+    from textworld.generator.inform7 import world2inform7
+
+    from agentkiln.families import resolve
+    from agentkiln.synthesis import textworld_games, textworld_noindex  # noqa: F401 (installs the flag)
+
+    knobs = resolve("textworld", "easy", game="cooking")
+    calls, real = [], subprocess.check_output
+    monkeypatch.setattr(subprocess, "check_output", lambda cmd, *a, **k: (calls.append(list(cmd)), real(cmd, *a, **k))[1])
+    fast = textworld_games.candidate(7003, knobs, tmp_path / "fast")
+    ni = [c for c in calls if Path(c[0]).name == "ni"]
+    assert len(ni) == 2 and all("--noindex" in c for c in ni)  # the walkthrough's compile and the game's
+    assert not any("--noindex" in c for c in calls if Path(c[0]).name != "ni")
+    monkeypatch.setattr(world2inform7, "subprocess", subprocess)  # TextWorld's own call: the Index written
+    calls.clear()
+    slow = textworld_games.candidate(7003, knobs, tmp_path / "slow")
+    assert calls and not any("--noindex" in c for c in calls)
+    assert fast.data == slow.data  # the sha256 of the .z8 and .json
+    for f in sorted((tmp_path / "slow" / "games").glob("tw-7003.*")):
+        assert (tmp_path / "fast" / "games" / f.name).read_bytes() == f.read_bytes(), f.name

@@ -12,10 +12,10 @@ base). B starts at zero, so an untrained adapter is a no-op, and is reported as 
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 
 from agentkiln.config import LoRAParams
 from agentkiln.policy.model import PROBE_TEXTS, Policy
@@ -31,6 +31,8 @@ def add_lora(policy: Policy, p: LoRAParams, seed: int) -> Policy:
     if missing:
         raise ValueError(f"lora.target_modules: {missing} name no linear layer of {policy.source} "
                          f"(its linear layers: {sorted(names)})")
+    from peft import LoraConfig, get_peft_model  # imported when used: ~2 s of every stage's start otherwise
+
     cfg = LoraConfig(r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(p.target_modules),
                      task_type="CAUSAL_LM")
     device = policy.device
@@ -41,7 +43,8 @@ def add_lora(policy: Policy, p: LoRAParams, seed: int) -> Policy:
 
 
 def has_lora(policy: Policy) -> bool:
-    return isinstance(policy.model, PeftModel)
+    peft = sys.modules.get("peft")  # never imported: no model can be a PeftModel
+    return peft is not None and isinstance(policy.model, peft.PeftModel)
 
 
 def reference(policy: Policy) -> contextlib.AbstractContextManager:
