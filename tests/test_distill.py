@@ -388,7 +388,7 @@ def test_one_restart_is_the_single_student_and_a_resumed_choice_plays_no_student
 @pytest.mark.parametrize("distill, said", [
     ({"restart_panel": "test"}, "the headline panel"),
     ({"restart_panel": "holdout"}, "no such split"),
-    ({"restart_epochs": 12}, "is not below distill.epochs = 12"),
+    ({"epochs": 12, "restart_epochs": 12}, "is not below distill.epochs = 12"),
     ({"mode": "forward-kl"}, "trajectory phase only"),
     ({"mode": "on-policy", "warmup_epochs": 4}, "is not below distill.warmup_epochs = 4"),
 ])

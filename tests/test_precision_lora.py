@@ -139,3 +139,14 @@ def test_settings_this_machine_cannot_honour_stop_the_run_by_name(world):
         lora.add_lora(policy, LoRAParams(enabled=True, target_modules=["qkv"]), seed=0)
     with pytest.raises(ValueError, match="device 'gpu'"):
         ComputeParams(device="gpu")
+
+
+def test_peft_is_imported_only_when_lora_is_used():
+    """peft's import is ~2 s of every model stage's start: without LoRA no stage module imports it (the
+    LoRA tests above import it through add_lora)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport flows.base, flows.sft, flows.rl, flows.distill, flows.evaluate\n"
+            "from agentkiln.policy import lora\nassert 'peft' not in sys.modules, 'peft imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

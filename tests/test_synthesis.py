@@ -382,3 +382,16 @@ def test_cooking_games_compile_without_inform_index_to_the_same_bytes(tmp_path, 
     assert fast.data == slow.data  # the sha256 of the .z8 and .json
     for f in sorted((tmp_path / "slow" / "games").glob("tw-7003.*")):
         assert (tmp_path / "fast" / "games" / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_a_synthesis_worker_compiles_without_the_index():
+    """What turns --noindex on in the spawned workers: their first TextWorld build (a fresh interpreter,
+    so no other test has installed it before)."""
+    from agentkiln.families import resolve
+
+    code = ("import json, sys, tempfile\nfrom textworld.generator.inform7 import world2inform7\n"
+            "from agentkiln.synthesis.stage import _timed_build\n"
+            "assert type(world2inform7.subprocess).__name__ != '_NoIndex'\n"
+            "assert _timed_build('textworld', 't', 'cook', 7004, json.loads(sys.argv[1]), tempfile.mkdtemp(), 40)['task']\n"
+            "assert type(world2inform7.subprocess).__name__ == '_NoIndex'")
+    subprocess.run([sys.executable, "-c", code, json.dumps(resolve("textworld", "easy", game="cooking"))], check=True)

@@ -113,7 +113,7 @@ class VLLMRollout:
     recompute = True  # another engine's kernels: the trainer recomputes the log-probs (trainers.rl.prepare)
 
     def __init__(self, policy: Policy, params: VLLMParams, device: torch.device, seed: int = 0, lora: bool = False):
-        from agentkiln.policy.lora import has_lora  # peft only when a rollout starts
+        from agentkiln.policy.lora import has_lora
 
         if lora != has_lora(policy):
             raise ValueError(f"VLLMRollout(lora={lora}) on a policy {'with' if has_lora(policy) else 'without'} LoRA "

@@ -1,9 +1,10 @@
 """Inform 7 compiles without their Index (imported by a synthesis worker before its first TextWorld task).
 
-TextWorld compiles every game twice (once to record its walkthrough, once for the game file), each
-with Inform 7's `ni`, which also writes an HTML Index of the story: ~20% of `ni`'s time, thrown away
-with its temporary project folder. `--noindex` skips it and the story file comes out with the same
-bytes (checked on cooking games; tests/test_synthesis.py holds the split's bytes). Like textworld_kb,
+TextWorld compiles a cooking or coin-collector game twice (once to record its walkthrough, once for
+the game file), each with Inform 7's `ni`, which also writes an HTML Index of the story: ~20% of
+`ni`'s time, thrown away with its temporary project folder. `--noindex` skips it and the story file
+comes out with the same bytes (tests/test_synthesis.py on a cooking game; the default's data/tasks
+kept its dvc.lock hash). Like textworld_kb,
 it lives apart from the generator: it changes no byte of any task, so the family's environment
 version stays as it was.
 """
