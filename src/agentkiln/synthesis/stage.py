@@ -193,8 +193,8 @@ def synthesize(params: SynthesizeParams, out_dir: Path, progress: bool = True) -
 
 
 def _timed_build(*args) -> dict:
-    if args[0] == "textworld":  # the family: then this worker parses TextWorld's cooking logic once and
-        # compiles without Inform's Index
+    # the family: then this worker parses TextWorld's cooking logic once and compiles without Inform's Index
+    if args[0] == "textworld":
         from agentkiln.synthesis import textworld_kb, textworld_noindex  # noqa: F401
     start = time.perf_counter()
     return build(*args) | {"seconds": time.perf_counter() - start}

@@ -4,9 +4,8 @@ TextWorld compiles a cooking or coin-collector game twice (once to record its wa
 the game file), each with Inform 7's `ni`, which also writes an HTML Index of the story: ~20% of
 `ni`'s time, thrown away with its temporary project folder. `--noindex` skips it and the story file
 comes out with the same bytes (tests/test_synthesis.py on a cooking game; the default's data/tasks
-kept its dvc.lock hash). Like textworld_kb,
-it lives apart from the generator: it changes no byte of any task, so the family's environment
-version stays as it was.
+kept its dvc.lock hash). Like textworld_kb, it lives apart from the generator: it changes no byte of
+any task, so the family's environment version stays as it was.
 """
 
 from __future__ import annotations
