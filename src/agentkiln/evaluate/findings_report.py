@@ -147,7 +147,8 @@ def render_markdown(r: dict) -> str:
                              f"| {_eff(x)}{flag} |")
     meta = r.get("meta", {})
     lines += ["", "## Arms", "", f"Success on `{first}` per seed ({', '.join(map(str, r['seeds']))}); minutes: "
-              "wall time of one arm x seed run (SFT if any, RL, every panel), mean over seeds.", "",
+              "the arm's wall time (SFT if any, RL, every panel) divided by its seeds (an arm that trains nothing "
+              "plays once, for all of them).", "",
               "| arm | init; RL stages | RL episodes | per seed | minutes |", "|---|---|---|---|---|"]
     for name, arm in r["arms"].items():
         seeds = " / ".join(_pct(x) for x in r["per_seed"][name])
